@@ -1,0 +1,3 @@
+"""xengine: optimal tensor rematerialization on heterogeneous devices."""
+
+__version__ = "0.1.0"

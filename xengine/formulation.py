@@ -1,0 +1,520 @@
+"""The XEngine mixed-integer model over D devices (Schuler et al., TACO 2022, section 4).
+
+With one device it is exactly Checkmate's MILP (Jain et al., MLSys 2020, eq. 1-9):
+frontier-advancing stages, binary R, S, FREE with the hazard-count linearisation, and the
+memory recurrence U. The device index adds, per DESIGN.md section 6:
+
+``mode="exact"`` (default): linear and exact with respect to :mod:`xengine.simulate`.
+    * ``sum_d R[d,t,i] <= 1`` and ``R + S <= 1`` (never beneficial to break; they make the
+      presence ``Z = R + S`` linear without a helper variable);
+    * a copy indicator ``X[d,t,(u,v)] = R[d,t,v] AND NOT Z[d,t,u]``, charged once at the
+      cheapest holder's copy cost (helper ``Y`` for D >= 3) and counted as transient memory on
+      the receiving device while ``v`` runs;
+    * FREE per device: ``u`` leaves device ``d`` after its last reader in the stage on *any*
+      device, unless ``d`` keeps it for the next stage (the simulator's rule).
+``mode="paper"``: the published MIQP, its copy term ``c * R[d',t,v] * Z[d,t,u]`` charged for
+    every other device holding ``u`` and no memory for copies, with per-device hazard rows.
+    It does *not* copy the released code's defects (shared/reference/xengine-paper-and-code.md
+    section 1.6): initial memory and FREE rows are per device, the freed amount is the
+    predecessor's size, and copy costs are read src -> dst. ``linearize=True`` replaces the
+    product by an AND variable ``W >= R + Z - 1`` for solvers without products (HiGHS).
+
+Edges with ``copyable=False`` (a backward op reading its forward op's autograd state) are
+local in both modes: the reader must run where the state is.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from xengine.problem import Instance
+from xengine.schedule import Schedule
+from xengine.solvers.model import MilpModel, ModelBuilder
+
+log = logging.getLogger(__name__)
+MODES = ("exact", "paper")
+
+
+@dataclass
+class Formulation:
+    inst: Instance
+    mode: str
+    model: MilpModel
+    Rix: np.ndarray  # (D, T, n) variable index or -1
+    Six: np.ndarray
+    Fix: np.ndarray  # (D, T, E)
+    Xix: np.ndarray  # (D, T, E) copy indicator (exact mode, copyable edges) or -1
+    Uix: np.ndarray  # (D, T, n)
+    Zix: np.ndarray | None  # paper mode only
+    mem_scale: float
+    time_scale: float
+    build_time_s: float
+
+    # ------------------------------------------------------------------ reading a solution
+    def schedule_from(self, x: np.ndarray) -> Schedule:
+        R = np.where(self.Rix >= 0, x[np.maximum(self.Rix, 0)] > 0.5, False)
+        S = np.where(self.Six >= 0, x[np.maximum(self.Six, 0)] > 0.5, False)
+        if self.mode == "paper":
+            # The paper model allows recomputing a node that is resident; that never helps
+            # and the simulator rejects it, so the redundant computation is dropped.
+            R = R & ~S
+        return Schedule(self.inst.devices, R, S)
+
+    def objective_s(self, x: np.ndarray) -> float:
+        return self.model.objective(x) * self.time_scale
+
+    def peak_bytes(self, x: np.ndarray) -> np.ndarray:
+        """Per-device peak memory as the model sees it (U plus transient copies/workspace)."""
+        g = self.inst.graph
+        D, T, n = self.Rix.shape
+        U = np.where(self.Uix >= 0, x[np.maximum(self.Uix, 0)], -np.inf) * self.mem_scale
+        R = np.where(self.Rix >= 0, x[np.maximum(self.Rix, 0)], 0.0)
+        extra = R * g.workspace_bytes[None, None, :]
+        if (self.Xix >= 0).any():
+            X = np.where(self.Xix >= 0, x[np.maximum(self.Xix, 0)], 0.0)
+            m_src = g.output_bytes[np.array([e.src for e in g.edges])]
+            dst = np.array([e.dst for e in g.edges])
+            for e in range(len(g.edges)):
+                extra[:, :, dst[e]] += X[:, :, e] * m_src[e]
+        tot = U + extra
+        return np.max(tot.reshape(D, -1), axis=1)
+
+    # ------------------------------------------------------------------ warm starts
+    def assignment(self, sched: Schedule) -> np.ndarray:
+        """A complete variable vector for a valid schedule (exact mode): R, S from the
+        schedule, FREE, X, Y, U derived by the simulator's rules. Used as a MIP start."""
+        if self.mode != "exact":
+            raise ValueError("warm starts are built for mode=exact only")
+        inst, g = self.inst, self.inst.graph
+        D, T, n = self.Rix.shape
+        R = sched.R.astype(float)
+        S = sched.S.astype(float)
+        x = np.zeros(self.model.n_vars)
+        for ix, val in ((self.Rix, R), (self.Six, S)):
+            mask = ix >= 0
+            x[ix[mask]] = val[mask]
+        Z = R + S
+        A = R.sum(axis=0)  # (T, n)
+        src = np.array([e.src for e in g.edges], dtype=np.int64)
+        dst = np.array([e.dst for e in g.edges], dtype=np.int64)
+        m = g.output_bytes.astype(float)
+        E = len(src)
+        # last reader of u in stage t (by node index)
+        later = np.zeros((T, E), dtype=bool)  # some j > dst[e] reads src[e] in stage t
+        succ = g.successors
+        for e in range(E):
+            js = [j for j in succ[src[e]] if j > dst[e]]
+            if js:
+                later[:, e] = A[:, js].sum(axis=1) > 0
+        Snext = np.concatenate([S[:, 1:, :], np.zeros((D, 1, n))], axis=1)
+        F = np.zeros((D, T, E))
+        for e in range(E):
+            F[:, :, e] = (
+                (Z[:, :, src[e]] > 0.5)
+                & (A[None, :, dst[e]] > 0.5)
+                & (Snext[:, :, src[e]] < 0.5)
+                & ~later[None, :, e]
+            )
+        mask = self.Fix >= 0
+        x[self.Fix[mask]] = F[mask]
+        Xv = np.zeros((D, T, E))
+        for e in range(E):
+            Xv[:, :, e] = (R[:, :, dst[e]] > 0.5) & (Z[:, :, src[e]] < 0.5)
+        mask = self.Xix >= 0
+        x[self.Xix[mask]] = Xv[mask]
+        if self._Yix is not None:
+            CP = inst.copy_s
+            for d in range(D):
+                for t in range(T):
+                    for e in np.flatnonzero(Xv[d, t] > 0.5):
+                        holders = [a for a in range(D) if a != d and Z[a, t, src[e]] > 0.5]
+                        a = min(holders, key=lambda h: (CP[h, d, src[e]], h))
+                        x[self._Yix[a, d, t, e]] = 1.0
+        # U recurrence
+        freed = np.zeros((D, T, n))
+        for e in range(E):
+            freed[:, :, dst[e]] += F[:, :, e] * m[src[e]]
+        for t in range(T):
+            u = R[:, t, 0] * m[0] + S[:, t, :] @ m
+            for k in range(t + 1):
+                if k > 0:
+                    u = u + R[:, t, k] * m[k] - freed[:, t, k - 1]
+                x[self.Uix[:, t, k]] = u / self.mem_scale
+        return x
+
+    _Yix: np.ndarray | None = None
+
+
+def build(inst: Instance, mode: str = "exact", linearize: bool = True) -> Formulation:
+    """Build the model for ``inst``. See the module docstring for the two modes."""
+    if mode not in MODES:
+        raise ValueError(f"formulation mode {mode!r} is not one of {MODES}")
+    t0 = time.perf_counter()
+    g = inst.graph
+    D, n = inst.n_devices, g.size
+    T = n
+    m = g.output_bytes.astype(float)
+    wsp = g.workspace_bytes.astype(float)
+    mem_scale = float(max(m.max(), 1.0))
+    mb = m / mem_scale
+    wb = wsp / mem_scale
+    budgets = np.minimum(inst.budgets.astype(float) / mem_scale, 1e12)
+    C = inst.compute_s
+    time_scale = float(max(C.max(), 1e-12))
+    Cs = C / time_scale
+    src = np.array([e.src for e in g.edges], dtype=np.int64)
+    dst = np.array([e.dst for e in g.edges], dtype=np.int64)
+    copyable = np.array([e.copyable for e in g.edges], dtype=bool)
+    E = len(src)
+    multi = D >= 2
+
+    b = ModelBuilder(f"xengine-{mode}-{g.name}-D{D}")
+    tri_le = np.tril(np.ones((T, n), dtype=bool))  # i <= t
+    tri_lt = np.tril(np.ones((T, n), dtype=bool), k=-1)  # i < t
+
+    def alloc(mask2d: np.ndarray, lb: float, ub: float, integer: bool) -> np.ndarray:
+        ix = np.full((D,) + mask2d.shape, -1, dtype=np.int64)
+        cnt = int(mask2d.sum())
+        for d in range(D):
+            ix[d][mask2d] = b.add_vars(cnt, lb, ub, integer)
+        return ix
+
+    Rix = alloc(tri_le, 0, 1, True)
+    Six = alloc(tri_lt, 0, 1, True)
+    Zix = alloc(tri_le, 0, 1, True) if (mode == "paper" and multi) else None
+    tt, ii = np.nonzero(tri_le)
+
+    # stage validity per edge: (t, e) with dst[e] <= t
+    te_t, te_e = np.nonzero(dst[None, :] <= np.arange(T)[:, None])
+    n_te = te_t.size
+
+    # 1. frontier: sum_d R[d,t,t] == 1
+    b.add_rows(
+        "frontier",
+        T,
+        np.repeat(np.arange(T), D),
+        Rix[:, np.arange(T), np.arange(T)].T.ravel(),
+        1.0,
+        1.0,
+        1.0,
+    )
+    if D == 1:
+        b.fix(Rix[0, np.arange(T), np.arange(T)], 1.0)
+
+    lt_t, lt_i = np.nonzero(tri_lt)
+    k_lt = lt_t.size
+    if mode == "exact":
+        # 2. at most one device computes a node in a stage
+        if multi:
+            b.add_rows(
+                "one_device",
+                k_lt,
+                np.repeat(np.arange(k_lt), D),
+                Rix[:, lt_t, lt_i].T.ravel(),
+                1.0,
+                -np.inf,
+                1.0,
+            )
+        # 3. R + S <= 1 (presence Z = R + S is then binary)
+        for d in range(D):
+            rows = np.arange(k_lt)
+            b.add_rows(
+                "presence",
+                k_lt,
+                np.concatenate([rows, rows]),
+                np.concatenate([Rix[d, lt_t, lt_i], Six[d, lt_t, lt_i]]),
+                1.0,
+                -np.inf,
+                1.0,
+            )
+    else:
+        if multi:
+            # Z = R OR S (paper, constraint 6)
+            for d in range(D):
+                rows = np.arange(tt.size)
+                zc = Zix[d, tt, ii]
+                b.add_rows("z_ge_r", tt.size, np.concatenate([rows, rows]),
+                           np.concatenate([zc, Rix[d, tt, ii]]), np.array([1.0] * tt.size + [-1.0] * tt.size), 0.0, np.inf)
+                b.add_rows("z_ge_s", tt.size, np.concatenate([rows, rows]),
+                           np.concatenate([zc, Six[d, tt, ii]]), np.array([1.0] * tt.size + [-1.0] * tt.size), 0.0, np.inf)
+                b.add_rows("z_le_rs", tt.size, np.concatenate([rows, rows, rows]),
+                           np.concatenate([zc, Rix[d, tt, ii], Six[d, tt, ii]]),
+                           np.array([1.0] * tt.size + [-1.0] * (2 * tt.size)), -np.inf, 0.0)
+
+    # 4. persistence: S[d,t+1,i] <= R[d,t,i] + S[d,t,i]
+    p_t, p_i = np.nonzero(tri_le[:-1])
+    kp = p_t.size
+    for d in range(D):
+        rows = np.arange(kp)
+        b.add_rows(
+            "persistence",
+            kp,
+            np.concatenate([rows, rows, rows]),
+            np.concatenate([Six[d, p_t + 1, p_i], Rix[d, p_t, p_i], Six[d, p_t, p_i]]),
+            np.concatenate([np.ones(kp), -np.ones(kp), -np.ones(kp)]),
+            -np.inf,
+            0.0,
+        )
+
+    # 5. dependencies
+    cp_mask = copyable[te_e]
+    if multi and mode == "exact":
+        # copyable: sum_d R[d,t,v] <= sum_d (R[d,t,u] + S[d,t,u]); at most one d computes v
+        sel_t, sel_e = te_t[cp_mask], te_e[cp_mask]
+        k = sel_t.size
+        rows = np.arange(k)
+        r_parts, c_parts, v_parts = [], [], []
+        for d in range(D):
+            r_parts += [rows, rows, rows]
+            c_parts += [Rix[d, sel_t, dst[sel_e]], Rix[d, sel_t, src[sel_e]], Six[d, sel_t, src[sel_e]]]
+            v_parts += [np.ones(k), -np.ones(k), -np.ones(k)]
+        b.add_rows("dependency", k, np.concatenate(r_parts), np.concatenate(c_parts),
+                   np.concatenate(v_parts), -np.inf, 0.0)
+        local_t, local_e = te_t[~cp_mask], te_e[~cp_mask]
+    elif multi:  # paper: per consumer device, any holder (Z summed over devices)
+        sel_t, sel_e = te_t[cp_mask], te_e[cp_mask]
+        k = sel_t.size
+        for d in range(D):
+            rows = np.arange(k)
+            r_parts = [rows]
+            c_parts = [Rix[d, sel_t, dst[sel_e]]]
+            v_parts = [np.ones(k)]
+            for a in range(D):
+                r_parts.append(rows)
+                c_parts.append(Zix[a, sel_t, src[sel_e]])
+                v_parts.append(-np.ones(k))
+            b.add_rows("dependency", k, np.concatenate(r_parts), np.concatenate(c_parts),
+                       np.concatenate(v_parts), -np.inf, 0.0)
+        local_t, local_e = te_t[~cp_mask], te_e[~cp_mask]
+    else:
+        local_t, local_e = te_t, te_e
+    k = local_t.size
+    for d in range(D):
+        rows = np.arange(k)
+        b.add_rows(
+            "dependency_local",
+            k,
+            np.concatenate([rows, rows, rows]),
+            np.concatenate([Rix[d, local_t, dst[local_e]], Rix[d, local_t, src[local_e]], Six[d, local_t, src[local_e]]]),
+            np.concatenate([np.ones(k), -np.ones(k), -np.ones(k)]),
+            -np.inf,
+            0.0,
+        )
+
+    # 6. copies
+    Xix = np.full((D, T, E), -1, dtype=np.int64)
+    Yix = None
+    CP = inst.copy_s
+    if multi and mode == "exact":
+        sel_t, sel_e = te_t[cp_mask], te_e[cp_mask]
+        k = sel_t.size
+        for d in range(D):
+            Xix[d, sel_t, sel_e] = b.add_vars(k, 0.0, 1.0, False)
+            rows = np.arange(k)
+            xv, rv = Xix[d, sel_t, sel_e], Rix[d, sel_t, dst[sel_e]]
+            ru, su = Rix[d, sel_t, src[sel_e]], Six[d, sel_t, src[sel_e]]
+            # X >= R_v - Z_u
+            b.add_rows("copy_lb", k, np.concatenate([rows] * 4), np.concatenate([rv, ru, su, xv]),
+                       np.concatenate([np.ones(k), -np.ones(k), -np.ones(k), -np.ones(k)]), -np.inf, 0.0)
+            # X <= R_v
+            b.add_rows("copy_ub_r", k, np.concatenate([rows] * 2), np.concatenate([xv, rv]),
+                       np.concatenate([np.ones(k), -np.ones(k)]), -np.inf, 0.0)
+            # X <= 1 - Z_u
+            b.add_rows("copy_ub_z", k, np.concatenate([rows] * 3), np.concatenate([xv, ru, su]),
+                       1.0, -np.inf, 1.0)
+        if D == 2:
+            for d in range(D):
+                a = 1 - d
+                b.add_objective(Xix[d, sel_t, sel_e], CP[a, d, src[sel_e]] / time_scale)
+        else:
+            Yix = np.full((D, D, T, E), -1, dtype=np.int64)
+            for d in range(D):
+                others = [a for a in range(D) if a != d]
+                for a in others:
+                    Yix[a, d, sel_t, sel_e] = b.add_vars(k, 0.0, 1.0, False)
+                    b.add_objective(Yix[a, d, sel_t, sel_e], CP[a, d, src[sel_e]] / time_scale)
+                    rows = np.arange(k)
+                    b.add_rows("copy_source", k, np.concatenate([rows] * 3),
+                               np.concatenate([Yix[a, d, sel_t, sel_e], Rix[a, sel_t, src[sel_e]], Six[a, sel_t, src[sel_e]]]),
+                               np.concatenate([np.ones(k), -np.ones(k), -np.ones(k)]), -np.inf, 0.0)
+                rows = np.arange(k)
+                r_parts = [rows] + [rows] * len(others)
+                c_parts = [Xix[d, sel_t, sel_e]] + [Yix[a, d, sel_t, sel_e] for a in others]
+                v_parts = [-np.ones(k)] + [np.ones(k)] * len(others)
+                b.add_rows("copy_cover", k, np.concatenate(r_parts), np.concatenate(c_parts),
+                           np.concatenate(v_parts), 0.0, np.inf)
+    elif multi and mode == "paper":
+        sel_t, sel_e = te_t[cp_mask], te_e[cp_mask]
+        k = sel_t.size
+        for dp in range(D):  # consumer device d'
+            for d in range(D):  # holder device d
+                if d == dp:
+                    continue
+                coef = CP[d, dp, src[sel_e]] / time_scale
+                rv = Rix[dp, sel_t, dst[sel_e]]
+                zu = Zix[d, sel_t, src[sel_e]]
+                if linearize:
+                    w = b.add_vars(k, 0.0, 1.0, False)
+                    rows = np.arange(k)
+                    b.add_rows("copy_and", k, np.concatenate([rows] * 3), np.concatenate([w, rv, zu]),
+                               np.concatenate([np.ones(k), -np.ones(k), -np.ones(k)]), -1.0, np.inf)
+                    b.add_objective(w, coef)
+                else:
+                    b.add_products(rv, zu, coef)
+
+    # 7. FREE with hazard counts
+    Fix = np.full((D, T, E), -1, dtype=np.int64)
+    succ = g.successors
+    later_lists = [[j for j in succ[src[e]] if j > dst[e]] for e in range(E)]
+    for d in range(D):
+        Fix[d, te_t, te_e] = b.add_vars(n_te, 0, 1, True)
+    for d in range(D):
+        rows_r, cols_r, vals_r = [], [], []
+        kappa = np.zeros(n_te)
+        hconst = np.zeros(n_te)
+        row = np.arange(n_te)
+        fcol = Fix[d, te_t, te_e]
+        # F term
+        rows_r.append(row)
+        cols_r.append(fcol)
+        vals_r.append(np.ones(n_te))  # coefficient placeholder, scaled per row below
+        lin_r, lin_c, lin_v = [], [], []
+        # -(1 - A_v): A_v = R[d,t,v] (paper) or sum_d' R[d',t,v] (exact)
+        devs_a = range(D) if (mode == "exact") else [d]
+        hconst += 1.0
+        kappa += 1.0
+        for a in devs_a:
+            lin_r.append(row)
+            lin_c.append(Rix[a, te_t, dst[te_e]])
+            lin_v.append(-np.ones(n_te))
+        # S[d,t+1,u]
+        has_next = te_t + 1 < T
+        lin_r.append(row[has_next])
+        lin_c.append(Six[d, te_t[has_next] + 1, src[te_e[has_next]]])
+        lin_v.append(np.ones(int(has_next.sum())))
+        kappa += has_next
+        # later readers j with dst < j <= t
+        for e in range(E):
+            for j in later_lists[e]:
+                sel = np.flatnonzero((te_e == e) & (te_t >= j))
+                if sel.size == 0:
+                    continue
+                kappa[sel] += 1.0
+                for a in devs_a:
+                    lin_r.append(sel)
+                    lin_c.append(Rix[a, te_t[sel], j])
+                    lin_v.append(np.ones(sel.size))
+        if multi and mode == "exact":
+            # (1 - Z[d,t,u])
+            hconst += 1.0
+            kappa += 1.0
+            lin_r += [row, row]
+            lin_c += [Rix[d, te_t, src[te_e]], Six[d, te_t, src[te_e]]]
+            lin_v += [-np.ones(n_te), -np.ones(n_te)]
+        lr, lc, lv = np.concatenate(lin_r), np.concatenate(lin_c), np.concatenate(lin_v)
+        # row a: 1 - F <= h   <=>  -F - lin <= hconst - 1
+        b.add_rows("free_a", n_te, np.concatenate([row, lr]), np.concatenate([fcol, lc]),
+                   np.concatenate([-np.ones(n_te), -lv]), -np.inf, hconst - 1.0)
+        # row b: kappa (1 - F) >= h   <=>  -kappa F - lin >= hconst - kappa
+        b.add_rows("free_b", n_te, np.concatenate([row, lr]), np.concatenate([fcol, lc]),
+                   np.concatenate([-kappa, -lv]), hconst - kappa, np.inf)
+
+    # 8. memory
+    Uix = alloc(tri_le, 0.0, 0.0, False)
+    ub = np.concatenate([np.full(int(tri_le.sum()), budgets[d]) for d in range(D)])
+    lbv = np.zeros_like(ub)
+    # set U bounds: [0, B_d]
+    allU = np.concatenate([Uix[d][tri_le] for d in range(D)])
+    model_lb_fix = (allU, lbv, ub)
+    freed_by_node: list[list[int]] = [[] for _ in range(n)]
+    for e in range(E):
+        freed_by_node[dst[e]].append(e)
+    for d in range(D):
+        # k = 0 rows: U[d,t,0] - m0 R[d,t,0] - sum_{i<t} m_i S[d,t,i] = 0
+        r0, c0, v0 = [np.arange(T)], [Uix[d, :, 0]], [np.ones(T)]
+        r0.append(np.arange(T))
+        c0.append(Rix[d, :, 0])
+        v0.append(np.full(T, -mb[0]))
+        st, si = np.nonzero(tri_lt)
+        r0.append(st)
+        c0.append(Six[d, st, si])
+        v0.append(-mb[si])
+        b.add_rows("mem_init", T, np.concatenate(r0), np.concatenate(c0), np.concatenate(v0), 0.0, 0.0)
+        # k >= 1: U[d,t,k] - U[d,t,k-1] - m_k R[d,t,k] + sum_{e into k-1} m_src F[d,t,e] = 0
+        kt, kk = np.nonzero(tri_le & (np.arange(n)[None, :] >= 1))
+        nk = kt.size
+        rows = np.arange(nk)
+        rr = [rows, rows, rows]
+        cc = [Uix[d, kt, kk], Uix[d, kt, kk - 1], Rix[d, kt, kk]]
+        vv = [np.ones(nk), -np.ones(nk), -mb[kk]]
+        # frees of edges into node k-1 in stage t
+        pos = {(int(a), int(c)): r for r, (a, c) in enumerate(zip(kt, kk, strict=True))}
+        fr, fc, fv = [], [], []
+        for t_, e_ in zip(te_t, te_e, strict=True):
+            r = pos.get((int(t_), int(dst[e_]) + 1))
+            if r is not None:
+                fr.append(r)
+                fc.append(Fix[d, t_, e_])
+                fv.append(mb[src[e_]])
+        rr.append(np.array(fr, dtype=np.int64))
+        cc.append(np.array(fc, dtype=np.int64))
+        vv.append(np.array(fv, dtype=float))
+        b.add_rows("mem_step", nk, np.concatenate(rr), np.concatenate(cc), np.concatenate(vv), 0.0, 0.0)
+        # budget rows with transient copies and workspace where they exist
+        kt, kk = np.nonzero(tri_le)
+        trans = (wb[kk] > 0)
+        if multi and mode == "exact":
+            has_copy_in = np.zeros(n, dtype=bool)
+            has_copy_in[dst[copyable]] = True
+            trans |= has_copy_in[kk]
+        sel = np.flatnonzero(trans)
+        if sel.size:
+            pos = {(int(kt[s]), int(kk[s])): r for r, s in enumerate(sel)}
+            rr = [np.arange(sel.size), np.arange(sel.size)]
+            cc = [Uix[d, kt[sel], kk[sel]], Rix[d, kt[sel], kk[sel]]]
+            vv = [np.ones(sel.size), wb[kk[sel]]]
+            if multi and mode == "exact":
+                xr, xc, xv = [], [], []
+                for t_, e_ in zip(te_t[cp_mask], te_e[cp_mask], strict=True):
+                    r = pos.get((int(t_), int(dst[e_])))
+                    if r is not None:
+                        xr.append(r)
+                        xc.append(Xix[d, t_, e_])
+                        xv.append(mb[src[e_]])
+                rr.append(np.array(xr, dtype=np.int64))
+                cc.append(np.array(xc, dtype=np.int64))
+                vv.append(np.array(xv, dtype=float))
+            b.add_rows("budget", sel.size, np.concatenate(rr), np.concatenate(cc), np.concatenate(vv),
+                       -np.inf, budgets[d])
+
+    # objective: compute cost
+    for d in range(D):
+        b.add_objective(Rix[d, tt, ii], Cs[d, ii])
+
+    model = b.build()
+    model.lb[model_lb_fix[0]] = model_lb_fix[1]
+    model.ub[model_lb_fix[0]] = model_lb_fix[2]
+    f = Formulation(
+        inst=inst,
+        mode=mode,
+        model=model,
+        Rix=Rix,
+        Six=Six,
+        Fix=Fix,
+        Xix=Xix,
+        Uix=Uix,
+        Zix=Zix,
+        mem_scale=mem_scale,
+        time_scale=time_scale,
+        build_time_s=time.perf_counter() - t0,
+    )
+    f._Yix = Yix
+    log.info(
+        "built %s: %d vars (%d integer), %d rows, %d nonzeros in %.2f s",
+        model.name, model.n_vars, model.n_integer, model.n_rows, model.A.nnz, f.build_time_s,
+    )
+    return f

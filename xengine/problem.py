@@ -1,0 +1,79 @@
+"""One scheduling problem: a graph, the devices it may use, and each device's budget.
+
+Every strategy (exact or heuristic) takes an :class:`Instance` and every schedule is checked
+against the same instance by the simulator, so costs and budgets are read in one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from xengine.graph.types import Graph, GraphError
+
+UNLIMITED_BYTES = np.iinfo(np.int64).max // 4
+
+
+@dataclass(frozen=True)
+class Instance:
+    """``devices[d]`` has ``budget_bytes[d]`` bytes for activations (0 = the device is unused)."""
+
+    graph: Graph
+    devices: tuple[str, ...]
+    budget_bytes: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.devices) == 0:
+            raise GraphError("an instance needs at least one device")
+        if len(set(self.devices)) != len(self.devices):
+            dup = [d for d in self.devices if self.devices.count(d) > 1][0]
+            raise GraphError(f"device {dup!r} is named twice in the device mix")
+        if len(self.budget_bytes) != len(self.devices):
+            raise GraphError("one budget per device is needed")
+        if any(b < 0 for b in self.budget_bytes):
+            raise GraphError("budgets must be non-negative")
+
+    @classmethod
+    def single(cls, graph: Graph, device: str, budget_bytes: int | None) -> Instance:
+        return cls(graph, (device,), (UNLIMITED_BYTES if budget_bytes is None else budget_bytes,))
+
+    @property
+    def n_devices(self) -> int:
+        return len(self.devices)
+
+    @property
+    def size(self) -> int:
+        return self.graph.size
+
+    @cached_property
+    def compute_s(self) -> np.ndarray:
+        """(D, n) seconds to run node i on device d."""
+        return np.stack([self.graph.cost_array_s(d) for d in self.devices])
+
+    @cached_property
+    def copy_s(self) -> np.ndarray:
+        """(D, D, n) seconds to copy node i's output from device a to device b (0 on a == b)."""
+        D, n = self.n_devices, self.size
+        out = np.zeros((D, D, n))
+        m = self.graph.output_bytes
+        for a in range(D):
+            for b in range(D):
+                if a != b:
+                    out[a, b] = [
+                        self.graph.copy_time_s(self.devices[a], self.devices[b], m[i])
+                        for i in range(n)
+                    ]
+        return out
+
+    @cached_property
+    def budgets(self) -> np.ndarray:
+        return np.asarray(self.budget_bytes, dtype=np.int64)
+
+    def with_budgets(self, budget_bytes: tuple[int, ...]) -> Instance:
+        return Instance(self.graph, self.devices, tuple(int(b) for b in budget_bytes))
+
+    def only_device(self, d: int, budget_bytes: int) -> Instance:
+        """The same graph on device ``d`` alone (the paper's single-device baseline)."""
+        return Instance(self.graph, (self.devices[d],), (int(budget_bytes),))

@@ -1,0 +1,58 @@
+"""The one result type every strategy returns, exact or heuristic."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from xengine.schedule import Schedule
+from xengine.simulate import Simulation
+
+
+@dataclass
+class StrategyResult:
+    """A strategy's schedule with the simulator's verdict and, for solvers, the model's view.
+
+    ``status``: optimal | feasible | infeasible | no_solution | error. Heuristics report
+    ``feasible`` when their schedule fits the budget and ``infeasible`` when it does not.
+    ``objective_s`` / ``model_peak_bytes`` are the model's own figures (solvers only); the
+    simulator's are in ``sim``. For exact formulations they must agree (tested).
+    """
+
+    strategy: str
+    devices: tuple[str, ...]
+    budget_bytes: tuple[int, ...]
+    status: str
+    schedule: Schedule | None = None
+    sim: Simulation | None = None
+    solver: str | None = None
+    solve_time_s: float = 0.0
+    build_time_s: float = 0.0
+    objective_s: float | None = None
+    best_bound_s: float | None = None
+    gap: float | None = None
+    model_peak_bytes: np.ndarray | None = None
+    n_vars: int | None = None
+    n_rows: int | None = None
+    n_integer: int | None = None
+    message: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def has_schedule(self) -> bool:
+        return self.schedule is not None and self.sim is not None
+
+    @property
+    def predicted_time_s(self) -> float | None:
+        return self.sim.time_s if self.sim is not None else None
+
+    @property
+    def predicted_peak_bytes(self) -> np.ndarray | None:
+        return self.sim.peak_bytes if self.sim is not None else None
+
+    @property
+    def label(self) -> str:
+        dev = "+".join(self.devices)
+        return f"{self.strategy}[{dev}]"

@@ -1,0 +1,221 @@
+"""The simulator: the one definition of a valid schedule, its time and its memory.
+
+It replays a schedule stage by stage exactly as DESIGN.md section 5 states, and emits the list
+of operations (compute, copy, free) that the executor performs. The exact MILP formulations
+are written so that their objective and their memory rows equal what this module computes;
+tests hold them to it.
+
+Semantics, per stage ``t``:
+
+* residents: ``S[d, t, i]``; nodes run in topological order, node ``i`` on every device ``d``
+  with ``R[d, t, i]`` (devices in mix order);
+* an input not on the running device is copied from the holder with the cheapest copy; the
+  copy occupies the input's bytes on the running device only while the consumer runs;
+* after all computations of node ``k``, every tensor whose last reader in this stage is ``k``
+  is freed on every device that is not keeping it for stage ``t + 1``;
+* memory of device ``d`` at a step = everything alive on ``d`` (residents, outputs computed so
+  far and not freed, including the step's own output) + transient copies + the workspace of the
+  node running on ``d``;
+* predicted time = all compute times + all copy times (devices run one after another).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from xengine.problem import Instance
+from xengine.schedule import Schedule
+
+BUDGET_TOLERANCE_BYTES = 0  # the simulator is exact; executors state their own tolerance
+
+
+class ScheduleError(ValueError):
+    """A schedule breaks the rules; the message names the stage, node and device."""
+
+
+@dataclass(frozen=True)
+class Op:
+    """One instruction: ``compute`` node on device, ``copy`` node's output from src_device to
+    device (transient, for the next compute on that device), or ``free`` node on device."""
+
+    kind: str
+    stage: int
+    node: int
+    device: int
+    src_device: int | None = None
+
+
+@dataclass
+class Simulation:
+    time_s: float
+    compute_time_s: float
+    copy_time_s: float
+    n_computes: int
+    n_recomputes: int
+    n_copies: int
+    copied_bytes: int
+    peak_bytes: np.ndarray  # (D,)
+    mem_bytes: np.ndarray  # (D, n_steps): memory of each device at each step
+    steps: list[tuple[int, int]] = field(default_factory=list)  # (stage, node) per step
+    ops: list[Op] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+
+    @property
+    def within_budget(self) -> bool:
+        return not self.violations
+
+
+def simulate(inst: Instance, sched: Schedule, check_budget: bool = True) -> Simulation:
+    """Replay ``sched`` on ``inst``.
+
+    Raises :class:`ScheduleError` for a schedule that breaks the stage rules (a missing input,
+    an output kept that was never on the device, computing ahead of the frontier) and, with
+    ``check_budget``, for one that exceeds a device budget (the message names the first step
+    that does). With ``check_budget=False`` budget excesses are listed in ``violations``.
+    """
+    g = inst.graph
+    n, D = g.size, inst.n_devices
+    if tuple(sched.devices) != tuple(inst.devices):
+        raise ScheduleError(f"schedule is for devices {sched.devices}, instance has {inst.devices}")
+    R, S = sched.R, sched.S
+    if R.shape != (D, n, n):
+        raise ScheduleError(f"schedule has shape {R.shape}, expected {(D, n, n)} (T = n stages)")
+    m = g.output_bytes
+    w = g.workspace_bytes
+    C = inst.compute_s
+    CP = inst.copy_s
+    budgets = inst.budgets
+    in_edges = g.in_edges
+    names = [v.name for v in g.nodes]
+    dev = inst.devices
+
+    if S[:, 0, :].any():
+        raise ScheduleError("stage 0: nothing can be resident before the first stage")
+    upper = np.triu(np.ones((n, n), dtype=bool), k=1)
+    if (R & upper).any():
+        d, t, i = np.argwhere(R & upper)[0]
+        raise ScheduleError(f"stage {t}: node {i} ({names[i]}) is computed ahead of the frontier")
+    if (S & ~np.tril(np.ones((n, n), dtype=bool), k=-1)).any():
+        d, t, i = np.argwhere(S & ~np.tril(np.ones((n, n), dtype=bool), k=-1))[0]
+        raise ScheduleError(f"stage {t}: node {i} ({names[i]}) is resident before it was computed")
+
+    time_compute = 0.0
+    time_copy = 0.0
+    n_comp = n_recomp = n_copies = 0
+    copied = 0
+    ops: list[Op] = []
+    mem_cols: list[np.ndarray] = []
+    steps: list[tuple[int, int]] = []
+    violations: list[str] = []
+    computed_once = np.zeros(n, dtype=bool)
+
+    for t in range(n):
+        if not R[:, t, t].any():
+            raise ScheduleError(f"stage {t}: node {t} ({names[t]}) is not computed on any device")
+        alive = [set(np.flatnonzero(S[d, t]).tolist()) for d in range(D)]
+        keep_next = (
+            [set(np.flatnonzero(S[d, t + 1]).tolist()) for d in range(D)]
+            if t + 1 < n
+            else [set() for _ in range(D)]
+        )
+        for d in range(D):
+            for i in keep_next[d]:
+                if i not in alive[d] and not R[d, t, i]:
+                    raise ScheduleError(
+                        f"stage {t + 1}: node {i} ({names[i]}) is kept on {dev[d]} but was "
+                        f"neither resident nor computed there in stage {t}"
+                    )
+        alive_bytes = np.array([sum(int(m[i]) for i in a) for a in alive], dtype=np.int64)
+        comp_nodes = np.flatnonzero(R[:, t, : t + 1].any(axis=0))
+        # last reader (by node index) of every tensor in this stage
+        last_use: dict[int, int] = {}
+        for v in comp_nodes.tolist():
+            for e in in_edges[v]:
+                last_use[e.src] = max(last_use.get(e.src, -1), v)
+        frees_at: dict[int, list[int]] = {}
+        for u, v in last_use.items():
+            frees_at.setdefault(v, []).append(u)
+
+        for v in comp_nodes.tolist():
+            step_mem = alive_bytes.copy()
+            for d in np.flatnonzero(R[:, t, v]).tolist():
+                if v in alive[d]:
+                    raise ScheduleError(
+                        f"stage {t}: node {v} ({names[v]}) is recomputed on {dev[d]} while it "
+                        "is already there"
+                    )
+                transient = 0
+                for e in in_edges[v]:
+                    u = e.src
+                    if u in alive[d]:
+                        continue
+                    holders = [h for h in range(D) if u in alive[h]]
+                    if not holders:
+                        raise ScheduleError(
+                            f"stage {t}: node {v} ({names[v]}) on {dev[d]} needs node {u} "
+                            f"({names[u]}), which is on no device at that point"
+                        )
+                    if not e.copyable:
+                        raise ScheduleError(
+                            f"stage {t}: node {v} ({names[v]}) on {dev[d]} needs the autograd "
+                            f"state of node {u} ({names[u]}), which cannot be copied from "
+                            f"{dev[holders[0]]}; it must be on {dev[d]}"
+                        )
+                    src = min(holders, key=lambda h: (CP[h, d, u], h))
+                    time_copy += float(CP[src, d, u])
+                    n_copies += 1
+                    copied += int(m[u])
+                    transient += int(m[u])
+                    ops.append(Op("copy", t, u, d, src))
+                ops.append(Op("compute", t, v, d))
+                time_compute += float(C[d, v])
+                n_comp += 1
+                if computed_once[v]:
+                    n_recomp += 1
+                computed_once[v] = True
+                alive[d].add(v)
+                alive_bytes[d] += int(m[v])
+                step_mem[d] = alive_bytes[d] + transient + int(w[v])
+            # devices that did not run v hold what is alive on them (plus v on those that did)
+            for d in range(D):
+                if not R[d, t, v]:
+                    step_mem[d] = alive_bytes[d]
+            mem_cols.append(step_mem)
+            steps.append((t, v))
+            for d in range(D):
+                if step_mem[d] > budgets[d] + BUDGET_TOLERANCE_BYTES:
+                    msg = (
+                        f"stage {t}, node {v} ({names[v]}): {dev[d]} needs {int(step_mem[d])} "
+                        f"bytes, budget {int(budgets[d])}"
+                    )
+                    if check_budget:
+                        raise ScheduleError(msg)
+                    violations.append(msg)
+            for u in frees_at.get(v, []):
+                for d in range(D):
+                    if u in alive[d] and u not in keep_next[d]:
+                        alive[d].discard(u)
+                        alive_bytes[d] -= int(m[u])
+                        ops.append(Op("free", t, u, d))
+        # end of stage: drop what is neither used nor kept
+        for d in range(D):
+            for u in sorted(alive[d] - keep_next[d]):
+                ops.append(Op("free", t, u, d))
+
+    mem = np.stack(mem_cols, axis=1) if mem_cols else np.zeros((D, 0), dtype=np.int64)
+    return Simulation(
+        time_s=time_compute + time_copy,
+        compute_time_s=time_compute,
+        copy_time_s=time_copy,
+        n_computes=n_comp,
+        n_recomputes=n_recomp,
+        n_copies=n_copies,
+        copied_bytes=copied,
+        peak_bytes=mem.max(axis=1) if mem.size else np.zeros(D, dtype=np.int64),
+        mem_bytes=mem,
+        steps=steps,
+        ops=ops,
+        violations=violations,
+    )

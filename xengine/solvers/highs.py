@@ -1,0 +1,129 @@
+"""HiGHS back-end (the default): open source, embedded, MIP with time limit, gap and callbacks."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from xengine.solvers.model import (
+    MilpModel,
+    ProgressFn,
+    SolveResult,
+    SolverOptions,
+    SolverUnavailable,
+    relative_gap,
+)
+
+log = logging.getLogger(__name__)
+_THREADS_SET: int | None = None
+
+
+def solve_highs(
+    model: MilpModel,
+    options: SolverOptions,
+    warm_start: np.ndarray | None = None,
+    progress: ProgressFn | None = None,
+) -> SolveResult:
+    global _THREADS_SET
+    try:
+        import highspy
+    except ImportError as exc:  # pragma: no cover - highspy is a hard dependency
+        raise SolverUnavailable("solver=highs needs the 'highspy' package: pip install highspy") from exc
+    if model.is_quadratic:
+        raise SolverUnavailable(
+            "HiGHS cannot take products of variables; build the linearised model "
+            "(formulation mode=paper linearises automatically for solver=highs)"
+        )
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", bool(options.verbose))
+    h.setOptionValue("log_to_console", bool(options.verbose))
+    if options.threads:
+        # HiGHS keeps one thread pool per process; changing its size needs a reset.
+        if _THREADS_SET is not None and _THREADS_SET != options.threads:
+            highspy.Highs.resetGlobalScheduler(True)
+        h.setOptionValue("threads", int(options.threads))
+        _THREADS_SET = int(options.threads)
+    if options.time_limit_s is not None:
+        h.setOptionValue("time_limit", float(options.time_limit_s))
+    h.setOptionValue("mip_rel_gap", float(options.rel_gap))
+    h.setOptionValue("random_seed", int(options.seed))
+
+    lp = highspy.HighsLp()
+    lp.num_col_ = model.n_vars
+    lp.num_row_ = model.n_rows
+    lp.col_cost_ = model.c
+    lp.col_lower_ = model.lb
+    lp.col_upper_ = model.ub
+    lp.row_lower_ = model.row_lb
+    lp.row_upper_ = model.row_ub
+    lp.offset_ = model.offset
+    csc = model.A.tocsc()
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = csc.indptr
+    lp.a_matrix_.index_ = csc.indices
+    lp.a_matrix_.value_ = csc.data
+    lp.a_matrix_.num_col_ = model.n_vars
+    lp.a_matrix_.num_row_ = model.n_rows
+    if not options.relax and model.n_integer:
+        lp.integrality_ = [
+            highspy.HighsVarType.kInteger if b else highspy.HighsVarType.kContinuous
+            for b in model.integrality
+        ]
+    h.passModel(lp)
+
+    t0 = time.perf_counter()
+    first: list[float] = []
+    if progress is not None or True:
+
+        def _on_improve(e) -> None:  # noqa: ANN001 - highspy callback object
+            el = time.perf_counter() - t0
+            if not first:
+                first.append(el)
+            obj = float(e.data_out.objective_function_value)
+            bound = float(e.data_out.mip_dual_bound)
+            if progress is not None:
+                progress(el, obj, bound)
+
+        try:
+            h.cbMipImprovingSolution.subscribe(_on_improve)
+        except Exception:  # pragma: no cover - older highspy without callbacks
+            pass
+    if warm_start is not None and not options.relax:
+        sol = highspy.HighsSolution()
+        sol.col_value = list(np.asarray(warm_start, dtype=float))
+        sol.value_valid = True
+        h.setSolution(sol)
+    h.run()
+    elapsed = time.perf_counter() - t0
+    ms = h.getModelStatus()
+    info = h.getInfo()
+    S = highspy.HighsModelStatus
+    has_sol = info.primal_solution_status == highspy.SolutionStatus.kSolutionStatusFeasible
+    x = np.array(h.getSolution().col_value) if has_sol else None
+    obj = float(info.objective_function_value) if has_sol else None
+    is_mip = model.n_integer > 0 and not options.relax
+    bound = float(info.mip_dual_bound) if is_mip else obj
+    if ms == S.kOptimal:
+        status = "optimal"
+    elif ms == S.kInfeasible:
+        status = "infeasible"
+    elif ms in (S.kTimeLimit, S.kIterationLimit, S.kInterrupt, S.kSolutionLimit, S.kUnknown):
+        status = "feasible" if x is not None else "no_solution"
+    else:
+        status = "error"
+    if is_mip and bound is not None and not np.isfinite(bound):
+        bound = None
+    return SolveResult(
+        solver="highs",
+        status=status,
+        x=x if status in ("optimal", "feasible") else None,
+        objective=obj if status in ("optimal", "feasible") else None,
+        best_bound=bound,
+        gap=(0.0 if status == "optimal" and not is_mip else relative_gap(obj, bound)),
+        solve_time_s=elapsed,
+        message=h.modelStatusToString(ms),
+        time_to_first_s=first[0] if first else (elapsed if x is not None else None),
+        n_nodes=int(getattr(info, "mip_node_count", 0) or 0),
+    )

@@ -1,0 +1,236 @@
+"""A solver-neutral mixed-integer model: sparse rows, bounds, integrality, optional products.
+
+Formulations build one :class:`MilpModel` with numpy index arithmetic (no per-row Python
+objects, see shared/reference/dependencies.md section 4 for why) and every back-end takes the
+same object. Variables that the stage structure fixes at zero are never created: their index is
+``-1`` and the builder drops them from rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.sparse as sp
+
+STATUSES = ("optimal", "feasible", "infeasible", "no_solution", "error")
+
+
+class SolverUnavailable(RuntimeError):
+    """The requested solver (or its licence) cannot take this model; the message says why and
+    what to do instead. Never caught to switch solvers silently."""
+
+
+@dataclass
+class MilpModel:
+    """minimise ``c @ x + offset + sum(q * x[qi] * x[qj])`` subject to
+    ``row_lb <= A @ x <= row_ub``, ``lb <= x <= ub``, ``x[integrality]`` integer."""
+
+    c: np.ndarray
+    A: sp.csr_matrix
+    row_lb: np.ndarray
+    row_ub: np.ndarray
+    lb: np.ndarray
+    ub: np.ndarray
+    integrality: np.ndarray
+    offset: float = 0.0
+    q_i: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    q_j: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    q_val: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    name: str = "model"
+
+    @property
+    def n_vars(self) -> int:
+        return int(self.c.shape[0])
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.A.shape[0])
+
+    @property
+    def n_integer(self) -> int:
+        return int(self.integrality.sum())
+
+    @property
+    def is_quadratic(self) -> bool:
+        return self.q_val.size > 0
+
+    def objective(self, x: np.ndarray) -> float:
+        val = float(self.c @ x) + self.offset
+        if self.is_quadratic:
+            val += float(np.sum(self.q_val * x[self.q_i] * x[self.q_j]))
+        return val
+
+    def max_violation(self, x: np.ndarray) -> float:
+        """Largest violation of rows, bounds or integrality by ``x`` (0 for a feasible point)."""
+        ax = self.A @ x
+        viol = [
+            np.max(self.row_lb - ax, initial=0.0),
+            np.max(ax - self.row_ub, initial=0.0),
+            np.max(self.lb - x, initial=0.0),
+            np.max(x - self.ub, initial=0.0),
+        ]
+        xi = x[self.integrality]
+        viol.append(np.max(np.abs(xi - np.round(xi)), initial=0.0))
+        return float(max(viol))
+
+
+class ModelBuilder:
+    """Accumulates variables and row families as COO triplets, then emits a :class:`MilpModel`."""
+
+    def __init__(self, name: str = "model") -> None:
+        self.name = name
+        self._lb: list[np.ndarray] = []
+        self._ub: list[np.ndarray] = []
+        self._int: list[np.ndarray] = []
+        self._n = 0
+        self._rows_r: list[np.ndarray] = []
+        self._rows_c: list[np.ndarray] = []
+        self._rows_v: list[np.ndarray] = []
+        self._rlb: list[np.ndarray] = []
+        self._rub: list[np.ndarray] = []
+        self._m = 0
+        self.c: dict[int, float] = {}
+        self._c_idx: list[np.ndarray] = []
+        self._c_val: list[np.ndarray] = []
+        self._q: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.row_families: dict[str, tuple[int, int]] = {}
+
+    def add_vars(self, count: int, lb: float | np.ndarray, ub: float | np.ndarray, integer: bool) -> np.ndarray:
+        idx = np.arange(self._n, self._n + count, dtype=np.int64)
+        self._lb.append(np.broadcast_to(np.asarray(lb, dtype=float), (count,)).copy())
+        self._ub.append(np.broadcast_to(np.asarray(ub, dtype=float), (count,)).copy())
+        self._int.append(np.full(count, integer, dtype=bool))
+        self._n += count
+        return idx
+
+    def add_rows(
+        self,
+        family: str,
+        n_rows: int,
+        row: np.ndarray,
+        col: np.ndarray,
+        val: np.ndarray | float,
+        lb: np.ndarray | float,
+        ub: np.ndarray | float,
+    ) -> None:
+        """Rows ``lb <= sum(val * x[col]) <= ub`` with local row ids ``row`` in 0..n_rows-1.
+        Entries whose ``col`` is -1 (a variable fixed at zero) are dropped."""
+        if n_rows == 0:
+            return
+        row = np.asarray(row, dtype=np.int64)
+        col = np.asarray(col, dtype=np.int64)
+        val = np.broadcast_to(np.asarray(val, dtype=float), row.shape)
+        keep = col >= 0
+        self._rows_r.append(row[keep] + self._m)
+        self._rows_c.append(col[keep])
+        self._rows_v.append(val[keep])
+        self._rlb.append(np.broadcast_to(np.asarray(lb, dtype=float), (n_rows,)).copy())
+        self._rub.append(np.broadcast_to(np.asarray(ub, dtype=float), (n_rows,)).copy())
+        start = self._m
+        self._m += n_rows
+        prev = self.row_families.get(family)
+        self.row_families[family] = (prev[0] if prev else start, self._m)
+
+    def add_objective(self, col: np.ndarray, val: np.ndarray | float) -> None:
+        col = np.asarray(col, dtype=np.int64)
+        val = np.broadcast_to(np.asarray(val, dtype=float), col.shape)
+        keep = col >= 0
+        self._c_idx.append(col[keep])
+        self._c_val.append(val[keep])
+
+    def add_products(self, i: np.ndarray, j: np.ndarray, val: np.ndarray) -> None:
+        i = np.asarray(i, dtype=np.int64)
+        j = np.asarray(j, dtype=np.int64)
+        val = np.broadcast_to(np.asarray(val, dtype=float), i.shape)
+        keep = (i >= 0) & (j >= 0) & (val != 0)
+        self._q.append((i[keep], j[keep], val[keep]))
+
+    def fix(self, idx: np.ndarray, value: float) -> None:
+        """Fix variables by their bounds (presolve-free, as Checkmate's stage structure does)."""
+        lb = np.concatenate(self._lb) if self._lb else np.zeros(0)
+        ub = np.concatenate(self._ub) if self._ub else np.zeros(0)
+        idx = np.asarray(idx, dtype=np.int64)
+        idx = idx[idx >= 0]
+        lb[idx] = value
+        ub[idx] = value
+        self._lb, self._ub = [lb], [ub]
+
+    def build(self) -> MilpModel:
+        n = self._n
+        c = np.zeros(n)
+        if self._c_idx:
+            np.add.at(c, np.concatenate(self._c_idx), np.concatenate(self._c_val))
+        if self._rows_r:
+            r = np.concatenate(self._rows_r)
+            cc = np.concatenate(self._rows_c)
+            v = np.concatenate(self._rows_v)
+        else:
+            r = cc = np.zeros(0, dtype=np.int64)
+            v = np.zeros(0)
+        A = sp.csr_matrix((v, (r, cc)), shape=(self._m, n))
+        A.sum_duplicates()
+        if self._q:
+            qi = np.concatenate([q[0] for q in self._q])
+            qj = np.concatenate([q[1] for q in self._q])
+            qv = np.concatenate([q[2] for q in self._q])
+        else:
+            qi = qj = np.zeros(0, dtype=np.int64)
+            qv = np.zeros(0)
+        return MilpModel(
+            c=c,
+            A=A,
+            row_lb=np.concatenate(self._rlb) if self._rlb else np.zeros(0),
+            row_ub=np.concatenate(self._rub) if self._rub else np.zeros(0),
+            lb=np.concatenate(self._lb) if self._lb else np.zeros(0),
+            ub=np.concatenate(self._ub) if self._ub else np.zeros(0),
+            integrality=np.concatenate(self._int) if self._int else np.zeros(0, dtype=bool),
+            q_i=qi,
+            q_j=qj,
+            q_val=qv,
+            name=self.name,
+        )
+
+
+@dataclass(frozen=True)
+class SolverOptions:
+    """Options every back-end understands; each maps them to its own names."""
+
+    time_limit_s: float | None = None
+    rel_gap: float = 1e-4
+    threads: int | None = None
+    seed: int = 0
+    verbose: bool = False
+    relax: bool = False  # solve the LP relaxation (integrality dropped)
+
+
+@dataclass
+class SolveResult:
+    """What a back-end found. ``status`` is one of :data:`STATUSES`; ``x`` is the incumbent
+    (None for infeasible / no_solution / error)."""
+
+    solver: str
+    status: str
+    x: np.ndarray | None
+    objective: float | None
+    best_bound: float | None
+    gap: float | None
+    solve_time_s: float
+    message: str = ""
+    time_to_first_s: float | None = None
+    n_nodes: int | None = None
+
+    @property
+    def has_solution(self) -> bool:
+        return self.x is not None and self.status in ("optimal", "feasible")
+
+
+ProgressFn = Callable[[float, float | None, float | None], None]
+"""Called with (elapsed_s, incumbent objective, best bound) whenever the incumbent improves."""
+
+
+def relative_gap(obj: float | None, bound: float | None) -> float | None:
+    if obj is None or bound is None or not np.isfinite(bound):
+        return None
+    return abs(obj - bound) / max(abs(obj), 1e-12)
