@@ -147,6 +147,8 @@ class Formulation:
         return x
 
     _Yix: np.ndarray | None = None
+    blocked: tuple[str, int] | None = None
+    """(node, bytes) when some node fits on no device: the model is infeasible as built."""
 
 
 def build(inst: Instance, mode: str = "exact", linearize: bool = True) -> Formulation:
@@ -185,6 +187,12 @@ def build(inst: Instance, mode: str = "exact", linearize: bool = True) -> Formul
 
     Rix = alloc(tri_le, 0, 1, True)
     Six = alloc(tri_lt, 0, 1, True)
+    # A node can only run on a device whose budget holds its inputs, output and workspace at
+    # once (every input must be on the running device, resident or copied). Fixing the other
+    # R entries to zero keeps every feasible schedule and spares the solver from proving it.
+    footprint = g.node_lower_bound_bytes()
+    cannot_run = footprint[None, :] > inst.budgets[:, None]  # (D, n)
+    blocked_nodes = np.flatnonzero(cannot_run.all(axis=0))
     Zix = alloc(tri_le, 0, 1, True) if (mode == "paper" and multi) else None
     tt, ii = np.nonzero(tri_le)
 
@@ -202,8 +210,12 @@ def build(inst: Instance, mode: str = "exact", linearize: bool = True) -> Formul
         1.0,
         1.0,
     )
-    if D == 1:
+    if D == 1 and not blocked_nodes.size:
         b.fix(Rix[0, np.arange(T), np.arange(T)], 1.0)
+    for d in range(D):
+        cols = np.flatnonzero(cannot_run[d])
+        if cols.size:
+            b.fix(Rix[d][:, cols].ravel(), 0.0)
 
     lt_t, lt_i = np.nonzero(tri_lt)
     k_lt = lt_t.size
@@ -513,6 +525,9 @@ def build(inst: Instance, mode: str = "exact", linearize: bool = True) -> Formul
         build_time_s=time.perf_counter() - t0,
     )
     f._Yix = Yix
+    if blocked_nodes.size:
+        v = int(blocked_nodes[np.argmax(footprint[blocked_nodes])])
+        f.blocked = (g.nodes[v].name, int(footprint[v]))
     log.info(
         "built %s: %d vars (%d integer), %d rows, %d nonzeros in %.2f s",
         model.name, model.n_vars, model.n_integer, model.n_rows, model.A.nnz, f.build_time_s,

@@ -1,0 +1,192 @@
+"""Pieces every single-device baseline shares: from a checkpoint matrix S to a full schedule.
+
+Checkmate (Jain et al., MLSys 2020) turns every strategy's checkpoint matrix ``S`` into a
+schedule with one linear-time pass that adds the cheapest consistent ``R``; the heuristics
+describe ``S`` through a set of forward checkpoints. Both live here, with the articulation
+points of the forward graph that the DAG variants of the heuristics use as candidates.
+
+All schedules built here are for one device and are checked by :func:`xengine.simulate`.
+On one device an edge with ``copyable=False`` needs nothing special: every value is on the
+device that reads it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from xengine.graph.types import Graph
+from xengine.schedule import Schedule
+
+
+def device_name(graph: Graph, device: int | str = 0) -> str:
+    """A device name, given as is or as an index into ``graph.devices`` ("cpu" for a graph
+    without costs, as :meth:`Graph.keep_all_peak_bytes` does)."""
+    if isinstance(device, str):
+        return device
+    devs = graph.devices or ("cpu",)
+    if not 0 <= device < len(devs):
+        raise ValueError(
+            f"device index {device} is out of range: graph {graph.name!r} has costs for {devs}"
+        )
+    return devs[device]
+
+
+def _as_stage_matrix(graph: Graph, S: np.ndarray) -> np.ndarray:
+    S = np.asarray(S)
+    if S.ndim == 3:
+        if S.shape[0] != 1:
+            raise ValueError(f"S has {S.shape[0]} devices; these baselines take one (T, n) matrix")
+        S = S[0]
+    n = graph.size
+    if S.shape != (n, n):
+        raise ValueError(f"S must be ({n}, {n}) for graph {graph.name!r}; got {S.shape}")
+    S = S.astype(bool)
+    bad = S & ~np.tril(np.ones((n, n), dtype=bool), k=-1)
+    if bad.any():
+        t, i = np.argwhere(bad)[0]
+        raise ValueError(
+            f"S[{t}, {i}] is set but node {i} cannot be resident when stage {t} starts "
+            "(S must be strictly lower-triangular: a node is first computed in its own stage)"
+        )
+    return S
+
+
+def _stage_r(preds: tuple[tuple[int, ...], ...], t: int, s_now: np.ndarray, s_next: np.ndarray):
+    """The nodes stage ``t`` must compute: its frontier node, every node that becomes a
+    checkpoint for stage ``t + 1`` without being one now, and, walking down from ``t``, every
+    input of a computed node that is not resident. Inputs precede their readers, so one
+    descending walk closes the set."""
+    r = np.zeros(s_now.shape[0], dtype=bool)
+    r[t] = True
+    r[: t + 1] |= s_next[: t + 1] & ~s_now[: t + 1]
+    for v in range(t, -1, -1):
+        if r[v]:
+            for u in preds[v]:
+                if not s_now[u]:
+                    r[u] = True
+    return r
+
+
+def solve_r_opt(
+    graph: Graph, S: np.ndarray, device: int | str = 0, drop_unused: bool = False
+) -> Schedule:
+    """The cheapest ``R`` consistent with the checkpoint matrix ``S`` (one device).
+
+    ``S`` is (T, n) or (1, T, n), strictly lower-triangular. Every stage computes exactly the
+    nodes it cannot do without, so no computation can be removed and none is a recomputation
+    of a resident value (which the simulator rejects). Any valid ``R`` for this ``S``
+    contains this one, so its time and the memory at each of its steps are no larger.
+
+    ``drop_unused=True`` first removes residents that their stage neither reads nor keeps for
+    the next stage (walking stages backwards, so that a value kept only to be dropped later
+    goes too). Such a resident only costs memory, and the value it was recomputed from may
+    then linger unread, so without this step a smaller ``R`` could have a larger peak. With
+    it the result is never worse, in time or in peak memory, than any valid schedule using
+    this ``S``. The returned schedule's ``S`` is the reduced one.
+    """
+    name = device_name(graph, device)
+    S = _as_stage_matrix(graph, S).copy()
+    n = graph.size
+    preds = graph.predecessors
+    R = np.zeros((n, n), dtype=bool)
+    empty = np.zeros(n, dtype=bool)
+    for t in range(n - 1, -1, -1):
+        s_next = S[t + 1] if t + 1 < n else empty
+        R[t] = _stage_r(preds, t, S[t], s_next)
+        if drop_unused:
+            read = np.zeros(n, dtype=bool)
+            for v in np.flatnonzero(R[t]):
+                read[list(preds[v])] = True
+            # removing an unread resident leaves R[t] unchanged; R[t-1] sees the reduced row
+            S[t] &= read | s_next
+    return Schedule((name,), R[None], S[None])
+
+
+def _forward_like(graph: Graph) -> np.ndarray:
+    return np.array([v.kind == "fwd" for v in graph.nodes], dtype=bool)
+
+
+def checkpoint_matrix(graph: Graph, keep: Iterable[int]) -> np.ndarray:
+    """The (T, n) checkpoint matrix of a fixed set of forward checkpoints.
+
+    A value is resident from the stage after its computation up to (and including) the stage
+    of its last reader when:
+
+    * it is a checkpoint in ``keep`` (any reader);
+    * it is not a forward value (the loss, a gradient): backward ops run once, so the
+      gradient flowing between them (and the loss) must survive from stage to stage;
+    * the reader is a forward op or the loss: the forward pass runs each op once, holding its
+      inputs only until their last forward reader.
+
+    Only a non-checkpoint forward value read by a backward op is dropped after the forward
+    pass; each backward stage recomputes it from the nearest resident values.
+    """
+    keep = {int(k) for k in keep}
+    n = graph.size
+    fwd = _forward_like(graph)
+    bad = [k for k in keep if not (0 <= k < n and fwd[k])]
+    if bad:
+        raise ValueError(f"checkpoints must be forward nodes of {graph.name!r}; got {sorted(bad)}")
+    S = np.zeros((n, n), dtype=bool)
+    for u, succ in enumerate(graph.successors):
+        readers = [v for v in succ if u in keep or not fwd[u] or graph.nodes[v].kind != "bwd"]
+        if readers:
+            S[u + 1 : max(readers) + 1, u] = True
+    return S
+
+
+def schedule_from_checkpoints(graph: Graph, keep: Iterable[int], device: int | str = 0) -> Schedule:
+    """The schedule of a fixed set of forward checkpoints (see :func:`checkpoint_matrix`),
+    with ``R`` from :func:`solve_r_opt`. ``keep`` = all forward nodes gives the
+    keep-everything schedule; ``keep`` = {} the recompute-heavy one (each backward stage
+    recomputes its forward inputs from the graph's inputs)."""
+    return solve_r_opt(graph, checkpoint_matrix(graph, keep), device)
+
+
+def articulation_points(graph: Graph) -> list[int]:
+    """Forward nodes whose removal cuts the forward graph, in topological order.
+
+    The forward graph is taken undirected, with a sentinel source joined to every forward
+    node without forward inputs and a sentinel sink joined to every forward node whose value
+    leaves the forward graph (read by the loss, or by nothing forward). A cut vertex then
+    separates everything before it from everything after it, so keeping it splits the
+    network into independent segments; on a chain every forward node is one, which is why
+    Checkmate's AP variants reduce to the plain ones on chains.
+
+    networkx's biconnected-components search (Hopcroft-Tarjan) finds them in O(V + E);
+    Checkmate deletes each node in turn and tests connectivity, O(V * E). networkx is already
+    installed as a dependency of torch.
+    """
+    import networkx as nx
+
+    fwd = _forward_like(graph)
+    idx = np.flatnonzero(fwd).tolist()
+    if not idx:
+        return []
+    G = nx.Graph()
+    src, snk = -1, -2
+    G.add_nodes_from([src, snk, *idx])
+    for e in graph.edges:
+        if fwd[e.src] and fwd[e.dst]:
+            G.add_edge(e.src, e.dst)
+    for v in idx:
+        if not any(fwd[u] for u in graph.predecessors[v]):
+            G.add_edge(src, v)
+        succ = graph.successors[v]
+        if not succ or any(graph.nodes[w].kind == "loss" for w in succ) or not any(
+            fwd[w] for w in succ
+        ):
+            G.add_edge(v, snk)
+    return sorted(v for v in nx.articulation_points(G) if v >= 0)
+
+
+def is_forward_chain(graph: Graph) -> bool:
+    """True when the forward ops form a path f0 -> f1 -> ... (each reads only its predecessor)."""
+    idx = [i for i, v in enumerate(graph.nodes) if v.kind == "fwd"]
+    fwd = set(idx)
+    for a, b in zip(idx, idx[1:], strict=False):
+        if [u for u in graph.predecessors[b] if u in fwd] != [a]:
+            return False
+    return not (idx and any(u in fwd for u in graph.predecessors[idx[0]]))

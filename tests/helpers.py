@@ -1,0 +1,37 @@
+"""Small graphs shared by the solver tests."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from xengine.graph.synthetic import training_graph
+from xengine.graph.types import CopyModel, Graph
+
+RESIDUAL = [(0, 1), (1, 2), (2, 3), (0, 3)]
+INCEPTION = [(0, 1), (0, 2), (1, 3), (2, 3), (3, 4)]
+DOUBLE_SKIP = [(0, 1), (1, 2), (2, 3), (3, 4), (0, 2), (2, 4)]
+
+
+def copy_models(devices, latency_s: float = 0.01, bandwidth: float = 1e18) -> dict:
+    return {(a, b): CopyModel(latency_s, bandwidth) for a in devices for b in devices if a != b}
+
+
+def random_graph(seed: int, devices=("a", "b"), latency_s: float = 0.05) -> Graph:
+    """A small training graph with random bytes and random per-device costs."""
+    r = np.random.default_rng(seed)
+    shapes = [
+        (3, [(0, 1), (1, 2)]),
+        (4, RESIDUAL),
+        (5, INCEPTION),
+        (5, DOUBLE_SKIP),
+    ]
+    nf, fe = shapes[seed % len(shapes)]
+    return training_graph(
+        f"rand{seed}",
+        fe,
+        nf,
+        list(r.integers(1, 5, nf) * 1000),
+        {d: list(np.round(r.uniform(0.5, 2.0, nf), 3)) for d in devices},
+        saves_input=bool(seed % 2),
+        copy_models=copy_models(devices, latency_s=latency_s, bandwidth=1e6),
+    )

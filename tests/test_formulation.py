@@ -1,0 +1,167 @@
+"""The XEngine model against the simulator, Checkmate and hand-computed optima."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.helpers import RESIDUAL, copy_models, random_graph
+from xengine.formulation import build
+from xengine.graph.synthetic import chain, training_graph
+from xengine.problem import Instance
+from xengine.schedule import keep_all_schedule
+from xengine.simulate import simulate
+from xengine.solve import agree, solve_xengine
+from xengine.solvers import SolverOptions
+
+OPTS = SolverOptions(time_limit_s=60, rel_gap=1e-9)
+
+
+def _single(g, dev, budget):
+    return Instance(g, (dev,), (int(budget),))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_one_device_exact_and_paper_equal(seed):
+    g = random_graph(seed, devices=("a",))
+    peak = g.keep_all_peak_bytes()
+    low = int(g.node_lower_bound_bytes().max())
+    for frac in (1.0, 0.5, 0.0):
+        inst = _single(g, "a", low + frac * (peak - low))
+        ex = solve_xengine(inst, mode="exact", options=OPTS)
+        pa = solve_xengine(inst, mode="paper", options=OPTS)
+        assert ex.status == pa.status
+        if ex.status == "optimal":
+            assert ex.objective_s == pytest.approx(pa.objective_s, rel=1e-7)
+            assert agree(ex)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_exact_objective_and_memory_equal_simulator(seed):
+    devices = ("a", "b", "c") if seed % 4 == 3 else ("a", "b")
+    g = random_graph(seed, devices=devices)
+    peak = g.keep_all_peak_bytes()
+    low = int(g.node_lower_bound_bytes().max())
+    n_solved = 0
+    for frac in (1.0, 0.6, 0.3, 0.0):
+        budget = int(low + frac * (peak - low))
+        inst = Instance(g, devices, tuple([budget] * len(devices)))
+        res = solve_xengine(inst, options=OPTS)
+        if res.status == "infeasible":
+            continue
+        assert res.status == "optimal", res.message
+        n_solved += 1
+        assert res.sim.within_budget
+        assert agree(res), (res.objective_s, res.sim.time_s, res.model_peak_bytes, res.sim.peak_bytes)
+        # never worse than the best single-device optimum at the same per-device budget
+        for d, name in enumerate(devices):
+            single = solve_xengine(inst.only_device(d, inst.budget_bytes[d]), options=OPTS)
+            if single.status == "optimal":
+                assert res.objective_s <= single.objective_s * (1 + 1e-9) + 1e-12
+    assert n_solved >= 1
+
+
+def test_keep_all_budget_recomputes_nothing():
+    # every node has a positive cost (a free node could be recomputed at no loss)
+    g = training_graph(
+        "chain6", [(i, i + 1) for i in range(5)], 6, [1000] * 6, {"cpu": [1.0] * 6},
+        loss_cost_s={"cpu": 0.5},
+    )
+    inst = _single(g, "cpu", g.keep_all_peak_bytes())
+    res = solve_xengine(inst, options=OPTS)
+    assert res.status == "optimal"
+    assert res.sim.n_recomputes == 0
+    assert res.objective_s == pytest.approx(float(inst.compute_s.sum()))
+
+
+def test_tighter_budget_costs_more_and_stays_within_it():
+    g = chain(8)
+    peak = g.keep_all_peak_bytes()
+    costs = []
+    for frac in (1.0, 0.75, 0.5):
+        inst = _single(g, "cpu", peak * frac)
+        res = solve_xengine(inst, options=OPTS)
+        assert res.status == "optimal"
+        assert res.sim.peak_bytes[0] <= inst.budget_bytes[0]
+        costs.append(res.objective_s)
+    assert costs[0] == pytest.approx(17.0)  # 8 fwd + loss + 8 bwd, unit costs, no recompute
+    assert costs[0] < costs[1] <= costs[2]
+
+
+def test_warm_start_from_single_device_schedule_is_feasible_point():
+    g = random_graph(1)
+    inst = Instance(g, ("a", "b"), (10**9, 10**9))
+    ka = keep_all_schedule(inst, device=1)
+    form = build(inst)
+    x0 = form.assignment(ka)
+    assert form.model.max_violation(x0) < 1e-9
+    assert form.objective_s(x0) == pytest.approx(simulate(inst, ka).time_s)
+    assert np.allclose(form.peak_bytes(x0), simulate(inst, ka).peak_bytes)
+
+
+# ----------------------------------------------------------------------------- hand-made cases
+def _split_graph(latency_s: float):
+    """Device a is 10x faster on layers 0-1, device b on layers 2-3; the loss costs 0.5."""
+    fwd = {"a": [1.0, 1.0, 10.0, 10.0], "b": [10.0, 10.0, 1.0, 1.0]}
+    bwd = {d: [2 * c for c in cs] for d, cs in fwd.items()}
+    return training_graph(
+        "split",
+        [(0, 1), (1, 2), (2, 3)],
+        4,
+        [1000] * 4,
+        fwd,
+        bwd_cost_s=bwd,
+        loss_cost_s={"a": 0.5, "b": 0.5},
+        saves_input=True,
+        copy_models=copy_models(("a", "b"), latency_s=latency_s),
+    )
+
+
+def test_case_a_split_across_devices_matches_hand_computation():
+    g = _split_graph(latency_s=0.01)
+    inst = Instance(g, ("a", "b"), (10**9, 10**9))
+    res = solve_xengine(inst, options=OPTS)
+    assert res.status == "optimal"
+    # f0,f1,b1,b0 on a; f2,f3,loss,b3,b2 on b: compute 1+1+1+1+0.5+2+2+2+2 = 12.5.
+    # Copies: f1 -> b for f2, f1 -> b again for b2 (b2 reads its input f1), grad b2 -> a for b1.
+    assert res.objective_s == pytest.approx(12.5 + 3 * 0.01)
+    best_single = min(
+        solve_xengine(inst.only_device(d, 10**9), options=OPTS).objective_s for d in range(2)
+    )
+    assert best_single == pytest.approx(1 + 1 + 10 + 10 + 0.5 + 2 + 2 + 20 + 20)
+    gain = (best_single - res.objective_s) / best_single
+    assert gain == pytest.approx((66.5 - 12.53) / 66.5)
+    on_a = res.schedule.R[0].any(axis=0)
+    assert [g.nodes[i].name for i in np.flatnonzero(on_a)] == ["f0", "f1", "b1", "b0"]
+
+
+def test_case_b_expensive_copies_stay_on_one_device():
+    g = _split_graph(latency_s=1000.0)
+    inst = Instance(g, ("a", "b"), (10**9, 10**9))
+    res = solve_xengine(inst, options=OPTS)
+    assert res.status == "optimal"
+    assert res.sim.n_copies == 0
+    used = [bool(res.schedule.R[d].any()) for d in range(2)]
+    assert used.count(True) == 1
+    assert res.objective_s == pytest.approx(66.5)
+
+
+def test_case_c_two_devices_fit_where_neither_alone_does():
+    g = training_graph(
+        "residual",
+        RESIDUAL,
+        4,
+        [1000, 3000, 1000, 3000],
+        {"a": [1.0] * 4, "b": [1.0] * 4},
+        saves_input=False,
+        copy_models=copy_models(("a", "b")),
+    )
+    budget = 9000
+    inst = Instance(g, ("a", "b"), (budget, budget))
+    for d in range(2):
+        assert solve_xengine(inst.only_device(d, budget), options=OPTS).status == "infeasible"
+    res = solve_xengine(inst, options=OPTS)
+    assert res.status == "optimal"
+    assert res.sim.within_budget
+    assert all(res.sim.peak_bytes <= budget)
+    assert res.schedule.R[0].any() and (res.schedule.R[1].any() or res.schedule.S[1].any())

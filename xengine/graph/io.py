@@ -1,0 +1,350 @@
+"""Graph JSON files (node-link format), DESIGN.md section 3.
+
+A graph file is plain JSON, read as data (never evaluated or unpickled)::
+
+    {"format": "xengine-graph", "version": 1, "name": "net", "fixed_bytes": 0,
+     "nodes": [{"id": 0, "name": "conv1", "kind": "fwd", "output_bytes": 4096,
+                "workspace_bytes": 0, "cost_s": {"cpu": 0.001}, "fwd_index": null}],
+     "links": [{"source": 0, "target": 1, "copyable": true}],
+     "copy": [{"src": "cpu", "dst": "cuda", "latency_s": 1e-5,
+               "bandwidth_bytes_per_s": 1e10}]}
+
+Nodes may come in any order and ids may be any JSON scalars: nodes are renumbered in a
+topological order that keeps the file's order wherever the links allow (so a file already in
+topological order keeps its numbering). ``fwd_index`` names a node *id*, like the links do.
+
+Checkmate's exported layer graphs (networkx node-link JSON, e.g. MOCCASIN's ``*_train_nx.json``)
+load as they are: ``cost_ram`` is read as ``output_bytes``, ``cost_cpu`` as the cost on device
+``cpu``, ``backward: true/false`` as the kind when ``kind`` is absent, ``edges`` as ``links``,
+and ``cost_ram_fixed`` as ``fixed_bytes``. Unknown fields are ignored.
+
+Every error is a :class:`GraphError` whose message names the file and the field.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from xengine.graph.types import NODE_KINDS, CopyModel, Edge, Graph, GraphError, Node
+
+FORMAT = "xengine-graph"
+VERSION = 1
+
+
+def load_graph(path: str | Path) -> Graph:
+    """Read a graph file; see the module docstring for the format."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise GraphError(f"{p}: graph file does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise GraphError(f"{p}: cannot read graph file: {exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise GraphError(
+            f"{p}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+        ) from None
+    return graph_from_dict(data, source=str(p), default_name=p.stem)
+
+
+def save_graph(graph: Graph, path: str | Path) -> None:
+    """Write ``graph`` as JSON; node ids are the node indices."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(graph_to_dict(graph), indent=1) + "\n", encoding="utf-8")
+
+
+def graph_to_dict(graph: Graph) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "name": graph.name,
+        "fixed_bytes": int(graph.fixed_bytes),
+        "nodes": [
+            {
+                "id": i,
+                "name": v.name,
+                "kind": v.kind,
+                "output_bytes": int(v.output_bytes),
+                "workspace_bytes": int(v.workspace_bytes),
+                "cost_s": {d: float(c) for d, c in sorted(v.cost_s.items())},
+                "fwd_index": v.fwd_index,
+            }
+            for i, v in enumerate(graph.nodes)
+        ],
+        "links": [
+            {"source": e.src, "target": e.dst, "copyable": bool(e.copyable)}
+            for e in sorted(graph.edges, key=lambda e: (e.src, e.dst))
+        ],
+        "copy": [
+            {
+                "src": a,
+                "dst": b,
+                "latency_s": float(m.latency_s),
+                "bandwidth_bytes_per_s": float(m.bandwidth_bytes_per_s),
+            }
+            for (a, b), m in sorted(graph.copy_models.items())
+        ],
+    }
+
+
+# ---------------------------------------------------------------------------------- parsing
+def _err(source: str, field: str, msg: str) -> GraphError:
+    return GraphError(f"{source}: {field}: {msg}")
+
+
+def _number(source: str, field: str, value: Any, *, integer: bool = False) -> float | int:
+    """A finite, non-negative number (bools are not numbers here)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _err(source, field, f"expected a number, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise _err(source, field, f"expected a finite non-negative number, got {value!r}")
+    if integer:
+        if value != int(value):
+            raise _err(source, field, f"expected a whole number of bytes, got {value!r}")
+        return int(value)
+    return float(value)
+
+
+def _node_id(source: str, field: str, value: Any) -> Any:
+    if isinstance(value, (dict, list)) or value is None:
+        raise _err(source, field, f"a node id must be a number or a string, got {value!r}")
+    return value
+
+
+def _get(source: str, field: str, obj: Mapping[str, Any], *keys: str) -> Any:
+    """The first of ``keys`` present in ``obj``; an error naming ``field.keys[0]`` if none."""
+    for k in keys:
+        if k in obj:
+            return obj[k]
+    alias = f" (or {', '.join(repr(k) for k in keys[1:])})" if len(keys) > 1 else ""
+    raise _err(source, f"{field}.{keys[0]}", f"missing{alias}")
+
+
+def graph_from_dict(data: Any, source: str = "graph", default_name: str = "graph") -> Graph:
+    """Build a :class:`Graph` from parsed JSON; ``source`` names the file in errors."""
+    if not isinstance(data, dict):
+        raise _err(source, "top level", f"expected a JSON object, got {type(data).__name__}")
+    fmt = data.get("format", FORMAT)
+    if fmt != FORMAT:
+        raise _err(source, "format", f"expected {FORMAT!r}, got {fmt!r}")
+    version = data.get("version", VERSION)
+    if version != VERSION:
+        raise _err(source, "version", f"this xengine reads version {VERSION}, got {version!r}")
+    name = data.get("name")
+    if name is None and isinstance(data.get("graph"), dict):
+        name = data["graph"].get("name")  # networkx keeps graph attributes under "graph"
+    name = str(name) if name is not None else default_name
+    fixed = data.get("fixed_bytes", data.get("cost_ram_fixed", 0))
+    fixed_bytes = int(_number(source, "fixed_bytes", fixed, integer=True))
+
+    raw_nodes = data.get("nodes")
+    if not isinstance(raw_nodes, list) or not raw_nodes:
+        raise _err(source, "nodes", "expected a non-empty list of nodes")
+    raw_links = data.get("links", data.get("edges", []))
+    if not isinstance(raw_links, list):
+        raise _err(source, "links", "expected a list of links")
+
+    # ---- nodes, keyed by their id in the file
+    ids: list[Any] = []
+    pos_of: dict[Any, int] = {}
+    names_seen: dict[str, int] = {}
+    parsed: list[dict[str, Any]] = []
+    for k, raw in enumerate(raw_nodes):
+        field = f"nodes[{k}]"
+        if not isinstance(raw, dict):
+            raise _err(source, field, f"expected an object, got {raw!r}")
+        nid = _node_id(source, f"{field}.id", raw.get("id", k))
+        if nid in pos_of:
+            raise _err(
+                source, f"{field}.id", f"id {nid!r} is used twice (also nodes[{pos_of[nid]}])"
+            )
+        pos_of[nid] = k
+        ids.append(nid)
+        nname = str(raw.get("name", nid))
+        if nname in names_seen:
+            raise _err(
+                source,
+                f"{field}.name",
+                f"{nname!r} is used twice (also nodes[{names_seen[nname]}])",
+            )
+        names_seen[nname] = k
+        if "kind" in raw:
+            kind = raw["kind"]
+            if kind not in NODE_KINDS:
+                raise _err(
+                    source, f"{field}.kind", f"{kind!r} is not one of {', '.join(NODE_KINDS)}"
+                )
+        elif "backward" in raw:
+            if not isinstance(raw["backward"], bool):
+                raise _err(
+                    source, f"{field}.backward", f"expected true or false, got {raw['backward']!r}"
+                )
+            kind = "bwd" if raw["backward"] else "fwd"
+        else:
+            raise _err(source, f"{field}.kind", "missing (or a Checkmate 'backward' flag)")
+        out_field = "output_bytes" if "output_bytes" in raw else "cost_ram"
+        out_bytes = _number(
+            source,
+            f"{field}.{out_field}",
+            _get(source, field, raw, "output_bytes", "cost_ram"),
+            integer=True,
+        )
+        ws = _number(
+            source, f"{field}.workspace_bytes", raw.get("workspace_bytes", 0), integer=True
+        )
+        cost: dict[str, float] = {}
+        if "cost_s" in raw:
+            table = raw["cost_s"]
+            if not isinstance(table, dict):
+                raise _err(
+                    source,
+                    f"{field}.cost_s",
+                    f"expected an object device -> seconds, got {table!r}",
+                )
+            for dev, val in table.items():
+                cost[str(dev)] = float(_number(source, f"{field}.cost_s.{dev}", val))
+        if "cost_cpu" in raw and "cpu" not in cost:
+            cost["cpu"] = float(_number(source, f"{field}.cost_cpu", raw["cost_cpu"]))
+        fwd = raw.get("fwd_index")
+        if fwd is not None:
+            fwd = _node_id(source, f"{field}.fwd_index", fwd)
+        parsed.append(
+            {
+                "name": nname,
+                "kind": kind,
+                "out": int(out_bytes),
+                "ws": int(ws),
+                "cost": cost,
+                "fwd": fwd,
+            }
+        )
+
+    # ---- links, as positions in the node list
+    n = len(parsed)
+    edges: dict[tuple[int, int], bool] = {}
+    for k, raw in enumerate(raw_links):
+        field = f"links[{k}]"
+        if not isinstance(raw, dict):
+            raise _err(source, field, f"expected an object, got {raw!r}")
+        ends = []
+        for end in ("source", "target"):
+            nid = _get(source, field, raw, end)
+            if isinstance(nid, (dict, list)) or nid not in pos_of:
+                raise _err(source, f"{field}.{end}", f"node id {nid!r} does not exist")
+            ends.append(pos_of[nid])
+        copyable = raw.get("copyable", True)
+        if not isinstance(copyable, bool):
+            raise _err(source, f"{field}.copyable", f"expected true or false, got {copyable!r}")
+        key = (ends[0], ends[1])
+        if key in edges:
+            raise _err(source, field, f"link {ids[key[0]]!r} -> {ids[key[1]]!r} appears twice")
+        edges[key] = copyable
+
+    order = _topological_order(n, edges, [p["name"] for p in parsed], source)
+    new_index = {old: new for new, old in enumerate(order)}
+
+    nodes = []
+    for old in order:
+        p = parsed[old]
+        fwd_index = None
+        if p["fwd"] is not None:
+            if p["fwd"] not in pos_of:
+                raise _err(
+                    source, f"nodes[{old}].fwd_index", f"node id {p['fwd']!r} does not exist"
+                )
+            fwd_index = new_index[pos_of[p["fwd"]]]
+        try:
+            nodes.append(
+                Node(
+                    p["name"],
+                    p["kind"],
+                    p["out"],
+                    p["cost"],
+                    workspace_bytes=p["ws"],
+                    fwd_index=fwd_index,
+                )
+            )
+        except GraphError as exc:
+            raise _err(source, f"nodes[{old}]", str(exc)) from None
+
+    copy_models: dict[tuple[str, str], CopyModel] = {}
+    raw_copy = data.get("copy", [])
+    if not isinstance(raw_copy, list):
+        raise _err(
+            source, "copy", "expected a list of {src, dst, latency_s, bandwidth_bytes_per_s}"
+        )
+    for k, raw in enumerate(raw_copy):
+        field = f"copy[{k}]"
+        if not isinstance(raw, dict):
+            raise _err(source, field, f"expected an object, got {raw!r}")
+        a = str(_get(source, field, raw, "src"))
+        b = str(_get(source, field, raw, "dst"))
+        lat = float(_number(source, f"{field}.latency_s", _get(source, field, raw, "latency_s")))
+        bw = float(
+            _number(
+                source,
+                f"{field}.bandwidth_bytes_per_s",
+                _get(source, field, raw, "bandwidth_bytes_per_s"),
+            )
+        )
+        if bw <= 0:
+            raise _err(source, f"{field}.bandwidth_bytes_per_s", "must be positive")
+        copy_models[(a, b)] = CopyModel(lat, bw)
+
+    try:
+        return Graph(
+            name,
+            tuple(nodes),
+            tuple(Edge(new_index[u], new_index[v], c) for (u, v), c in sorted(edges.items())),
+            fixed_bytes=fixed_bytes,
+            copy_models=copy_models,
+            meta={"source": source},
+        )
+    except GraphError as exc:
+        raise GraphError(f"{source}: {exc}") from None
+
+
+def _topological_order(
+    n: int, edges: Mapping[tuple[int, int], bool], names: list[str], source: str
+) -> list[int]:
+    """Kahn's algorithm taking the lowest file position first (stable); a cycle is an error
+    that names the nodes on one cycle."""
+    succ: list[list[int]] = [[] for _ in range(n)]
+    preds: list[list[int]] = [[] for _ in range(n)]
+    indeg = [0] * n
+    for u, v in edges:
+        succ[u].append(v)
+        preds[v].append(u)
+        indeg[v] += 1
+    ready = [i for i in range(n) if indeg[i] == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        u = heapq.heappop(ready)
+        order.append(u)
+        for v in succ[u]:
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                heapq.heappush(ready, v)
+    if len(order) == n:
+        return order
+    # Every node left has a predecessor that is also left: walk back until a node repeats.
+    left = set(range(n)) - set(order)
+    walk: list[int] = []
+    seen: dict[int, int] = {}
+    v = min(left)
+    while v not in seen:
+        seen[v] = len(walk)
+        walk.append(v)
+        v = min(u for u in preds[v] if u in left)
+    cycle = walk[seen[v] :][::-1]
+    path = " -> ".join(repr(names[i]) for i in cycle + [cycle[0]])
+    raise _err(source, "links", f"the links form a cycle: {path}")

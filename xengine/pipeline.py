@@ -1,0 +1,720 @@
+"""One run end to end (DESIGN.md sections 2 and 9).
+
+graph (captured from a net, or a graph JSON file) -> cost profile (cached) -> every strategy
+on the instance -> simulator -> execution of each schedule that fits -> one row per strategy,
+beside a plain PyTorch step as the reference.
+
+This module takes plain dataclasses; the Hydra entry point (``run.py``) builds a
+:class:`RunConfig` from the composed config. Bad input (unknown net, solver or strategy, a
+memory string that cannot be read, a budget below the smallest feasible one, a malformed graph
+file) is raised by :func:`prepare` *before* anything expensive or recorded happens, as
+:class:`ConfigError`, :class:`~xengine.units.MemorySpecError`,
+:class:`~xengine.graph.types.GraphError` or :class:`~xengine.solvers.SolverUnavailable`.
+A strategy that fails later is recorded with status ``error`` and the run carries on.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from xengine.graph.types import Edge, Graph, GraphError
+from xengine.problem import Instance
+from xengine.result import StrategyResult
+from xengine.schedule import Schedule
+from xengine.simulate import ScheduleError, simulate
+from xengine.solvers import SolverOptions, SolverUnavailable, available_solvers
+from xengine.units import MemorySpec, format_bytes, parse_memory
+
+log = logging.getLogger(__name__)
+
+MIB = 2**20
+MODES = ("train", "infer")
+FORMULATION_MODES = ("exact", "paper")
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message says which and what is allowed."""
+
+
+class BudgetError(ConfigError):
+    """A budget is below the smallest one any schedule can meet."""
+
+
+# ------------------------------------------------------------------------------ strategies
+@dataclass(frozen=True)
+class StrategySpec:
+    """Where a strategy lives and how it is called.
+
+    ``one_device``: it takes a single-device instance (Checkmate and its heuristics); with
+    several devices it runs once per device, on that device's budget, as in the paper's
+    protocol. ``uses_solver``: it takes ``solver=`` and ``options=``.
+    """
+
+    target: str
+    one_device: bool
+    uses_solver: bool
+
+
+STRATEGIES: dict[str, StrategySpec] = {
+    "checkmate": StrategySpec("baselines.checkmate:solve_checkmate", True, True),
+    "lp_rounding": StrategySpec("baselines.lp_rounding:solve_lp_rounding", True, False),
+    "checkpoint_all": StrategySpec("baselines.heuristics:solve_checkpoint_all", True, False),
+    "chen_sqrtn": StrategySpec("baselines.heuristics:solve_chen_sqrtn", True, False),
+    "chen_greedy": StrategySpec("baselines.heuristics:solve_chen_greedy", True, False),
+    "xengine": StrategySpec("xengine.solve:solve_xengine", False, True),
+}
+DEFAULT_STRATEGIES = ("checkmate", "lp_rounding", "checkpoint_all", "chen_sqrtn", "chen_greedy")
+
+
+def _load(target: str) -> Callable[..., Any]:
+    mod, fn = target.split(":")
+    return getattr(importlib.import_module(mod), fn)
+
+
+# ------------------------------------------------------------------------------ config
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one run needs, as plain values (see ``conf/config.yaml`` for the meaning).
+
+    ``mem`` holds one memory string for all devices or one per device.
+    ``graph_path`` set means solve-only: the graph file brings its own costs and nothing is
+    executed (there is no model to run).
+    """
+
+    net: str = "resnet18"
+    batch_size: int = 4
+    image_size: int = 224
+    num_classes: int = 1000
+    mode: str = "train"
+    graph_path: str | None = None
+    devices: tuple[str, ...] = ("cpu",)
+    mem: tuple[str, ...] = ("70%",)
+    solver: str = "highs"
+    solver_options: SolverOptions = field(default_factory=SolverOptions)
+    formulation: str = "exact"
+    strategies: tuple[str, ...] = DEFAULT_STRATEGIES
+    execute: bool = True
+    n_steps: int = 5
+    warmup: int = 1
+    profile_path: str | None = None
+    profile_repeats: int = 5
+    profile_warmup: int = 2
+    profile_cache_dir: str = "results/cache/profiles"
+    progress: bool = True
+    seed: int = 0
+    grad_rtol: float = 1e-4
+    grad_atol: float = 1e-6
+
+    @property
+    def solve_only(self) -> bool:
+        return self.graph_path is not None
+
+    @property
+    def executes(self) -> bool:
+        return self.execute and not self.solve_only
+
+    def memory_specs(self) -> tuple[MemorySpec, ...]:
+        """One parsed budget per device (a single value applies to every device)."""
+        specs = tuple(parse_memory(m) for m in self.mem)
+        if len(specs) == 1:
+            return specs * len(self.devices)
+        if len(specs) != len(self.devices):
+            raise ConfigError(
+                f"mem has {len(specs)} values ({', '.join(self.mem)}) for "
+                f"{len(self.devices)} devices ({', '.join(self.devices)}): give one budget for "
+                "all devices or one per device"
+            )
+        return specs
+
+    def validate(self) -> tuple[MemorySpec, ...]:
+        """Cheap checks of every value; returns the parsed budgets."""
+        if self.mode not in MODES:
+            raise ConfigError(f"mode={self.mode!r} is not one of {', '.join(MODES)}")
+        if not self.devices or any(not d for d in self.devices):
+            raise ConfigError("devices is empty: name at least one device, e.g. devices=cpu")
+        if len(set(self.devices)) != len(self.devices):
+            raise ConfigError(f"devices={','.join(self.devices)} names a device twice")
+        specs = self.memory_specs()
+        if not self.strategies:
+            raise ConfigError("strategy is empty: name at least one strategy")
+        unknown = [s for s in self.strategies if s not in STRATEGIES]
+        if unknown:
+            raise ConfigError(
+                f"unknown strategy {unknown[0]!r}: choose from {', '.join(STRATEGIES)}"
+            )
+        if len(set(self.strategies)) != len(self.strategies):
+            raise ConfigError(f"strategy={','.join(self.strategies)} names a strategy twice")
+        if any(STRATEGIES[s].uses_solver for s in self.strategies):
+            if self.solver.lower() not in available_solvers():
+                raise SolverUnavailable(
+                    f"unknown solver {self.solver!r}: this build has "
+                    f"{', '.join(available_solvers())}"
+                )
+        if self.formulation not in FORMULATION_MODES:
+            raise ConfigError(
+                f"formulation={self.formulation!r} is not one of {', '.join(FORMULATION_MODES)}"
+            )
+        opts = self.solver_options
+        if opts.time_limit_s is not None and opts.time_limit_s <= 0:
+            raise ConfigError(f"solver.time_limit_s={opts.time_limit_s} must be positive (or null)")
+        if not 0 <= opts.rel_gap < 1:
+            raise ConfigError(f"solver.rel_gap={opts.rel_gap} must be in [0, 1)")
+        if opts.threads is not None and opts.threads < 1:
+            raise ConfigError(f"solver.threads={opts.threads} must be at least 1 (or null)")
+        for name, value, least in (
+            ("net.batch_size", self.batch_size, 1),
+            ("net.image_size", self.image_size, 1),
+            ("n_steps", self.n_steps, 1),
+            ("warmup", self.warmup, 0),
+            ("profile.repeats", self.profile_repeats, 1),
+            ("profile.warmup", self.profile_warmup, 0),
+        ):
+            if value < least:
+                raise ConfigError(f"{name}={value} must be at least {least}")
+        if self.graph_path is not None and self.profile_path is not None:
+            raise ConfigError(
+                "graph= and profile.path= are both set: a graph file carries its own costs"
+            )
+        return specs
+
+
+# ------------------------------------------------------------------------------ results
+@dataclass
+class RunRow:
+    """One line of the comparison table (and of ``table.csv``)."""
+
+    label: str
+    strategy: str
+    devices: tuple[str, ...]
+    status: str
+    budget_bytes: tuple[int, ...] | None = None
+    predicted_time_s: float | None = None
+    predicted_peak_bytes: tuple[int, ...] | None = None
+    measured_time_s: float | None = None
+    measured_peak_bytes: tuple[int, ...] | None = None
+    fixed_bytes: int | None = None
+    solve_time_s: float | None = None
+    build_time_s: float | None = None
+    gap: float | None = None
+    n_recomputes: int | None = None
+    grads_match: bool | None = None
+    note: str = ""
+    result: StrategyResult | None = field(default=None, repr=False)
+    execution: Any = field(default=None, repr=False)
+
+    def metrics(self) -> dict[str, float]:
+        """MLflow metrics under ``<label>/``, units in the names."""
+        out: dict[str, float | None] = {
+            "predicted_time_ms": _ms(self.predicted_time_s),
+            "measured_time_ms": _ms(self.measured_time_s),
+            "predicted_peak_mib": _mib_max(self.predicted_peak_bytes),
+            "measured_peak_mib": _mib_max(self.measured_peak_bytes),
+            "budget_mib": _mib_max(self.budget_bytes),
+            "fixed_mib": None if self.fixed_bytes is None else self.fixed_bytes / MIB,
+            "solve_time_s": self.solve_time_s,
+            "build_time_s": self.build_time_s,
+            "gap": self.gap,
+            "n_recomputes": self.n_recomputes,
+            "grads_match": None if self.grads_match is None else float(self.grads_match),
+        }
+        if len(self.devices) > 1:
+            for name, vals in (
+                ("predicted_peak_mib", self.predicted_peak_bytes),
+                ("measured_peak_mib", self.measured_peak_bytes),
+                ("budget_mib", self.budget_bytes),
+            ):
+                for dev, v in zip(self.devices, vals or (), strict=False):
+                    out[f"{name}.{dev}"] = v / MIB
+        return {f"{self.label}/{k}": float(v) for k, v in out.items() if v is not None}
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3
+
+
+def _mib_max(values: tuple[int, ...] | None) -> float | None:
+    return None if not values else max(values) / MIB
+
+
+class Tracker(Protocol):
+    """Where results go as soon as they exist (``xengine.tracking.MlflowTracker``)."""
+
+    def metrics(self, values: Mapping[str, float]) -> None: ...
+
+    def tags(self, values: Mapping[str, str]) -> None: ...
+
+    def json_artifact(self, data: Any, artifact_file: str) -> None: ...
+
+    def file_artifact(self, path: str | Path, artifact_path: str | None = None) -> None: ...
+
+
+class NullTracker:
+    """Records nothing (``tracking.enabled=false`` and library use)."""
+
+    def metrics(self, values: Mapping[str, float]) -> None:
+        pass
+
+    def tags(self, values: Mapping[str, str]) -> None:
+        pass
+
+    def json_artifact(self, data: Any, artifact_file: str) -> None:
+        pass
+
+    def file_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        pass
+
+
+# ------------------------------------------------------------------------------ preparing
+@dataclass
+class Prepared:
+    """The graph and budgets of a run, validated; the model to execute, when there is one."""
+
+    graph: Graph
+    budget_bytes: tuple[int, ...]
+    keep_all_peak_bytes: int
+    min_budget_bytes: int
+    known_feasible_bytes: int | None
+    captured: Any = None  # xengine.graph.capture.CapturedModel
+
+
+def _keep_all_peak_bytes(graph: Graph) -> int:
+    """The 100 % reference for percentage budgets. It depends on bytes only; a captured graph
+    has no costs yet, so it is evaluated on a zero-cost copy."""
+    if graph.devices:
+        return graph.keep_all_peak_bytes()
+    zero = {"_bytes_only": {v.name: 0.0 for v in graph.nodes}}
+    return graph.with_costs(zero).keep_all_peak_bytes()
+
+
+def prepare(cfg: RunConfig) -> Prepared:
+    """Validate ``cfg``, load or capture the graph and resolve the budgets.
+
+    Raises the project's bad-input errors (see the module docstring); a budget below the
+    smallest feasible one on every device is a :class:`BudgetError` naming that budget.
+    """
+    specs = cfg.validate()
+    captured = None
+    if cfg.graph_path is not None:
+        from xengine.graph.io import load_graph
+
+        graph = load_graph(cfg.graph_path)
+        if cfg.mode == "infer":
+            graph = _forward_only(graph)
+        missing = [d for d in cfg.devices if d not in graph.devices]
+        if missing:
+            have = ", ".join(graph.devices) or "none"
+            raise GraphError(
+                f"{cfg.graph_path}: nodes have no cost for device {missing[0]!r} "
+                f"(devices with costs for every node: {have}); set devices= accordingly"
+            )
+        if cfg.execute:
+            log.info("graph file given: solve only, nothing is executed")
+    else:
+        _check_devices_exist(cfg)
+        from xengine.graph.capture import capture_net
+
+        log.info(
+            "capturing %s (batch %d, %dx%d, %s)",
+            cfg.net,
+            cfg.batch_size,
+            cfg.image_size,
+            cfg.image_size,
+            cfg.mode,
+        )
+        captured = capture_net(
+            cfg.net,
+            cfg.batch_size,
+            mode=cfg.mode,
+            image_size=cfg.image_size,
+            num_classes=cfg.num_classes,
+            seed=cfg.seed,
+        )
+        graph = captured.graph
+
+    keep_all = _keep_all_peak_bytes(graph)
+    budgets = tuple(s.resolve_bytes(keep_all) for s in specs)
+    lower, known = _min_feasible_budget(graph)
+    if all(b < lower for b in budgets):
+        known_txt = f"; a schedule is known to exist at {format_bytes(known)}" if known else ""
+        raise BudgetError(
+            f"budget {_budget_text(specs, budgets)} is below the smallest feasible budget "
+            f"{format_bytes(lower)} ({lower} bytes) for {graph.name}{known_txt}; the "
+            f"keep-everything peak is {format_bytes(keep_all)}"
+        )
+    log.info(
+        "graph %s: %d nodes, %d edges, keep-all peak %s, smallest feasible budget >= %s, budget %s",
+        graph.name,
+        graph.size,
+        len(graph.edges),
+        format_bytes(keep_all),
+        format_bytes(lower),
+        _budget_text(specs, budgets),
+    )
+    return Prepared(graph, budgets, keep_all, int(lower), known, captured)
+
+
+def _budget_text(specs: tuple[MemorySpec, ...], budgets: tuple[int, ...]) -> str:
+    parts = []
+    for s, b in zip(specs, budgets, strict=True):
+        parts.append(format_bytes(b) if s.bytes is not None else f"{format_bytes(b)} ({s.text})")
+    return ", ".join(dict.fromkeys(parts))
+
+
+def _min_feasible_budget(graph: Graph) -> tuple[int, int | None]:
+    from baselines.checkmate import min_feasible_budget_bytes
+
+    lower, known = min_feasible_budget_bytes(graph)
+    return int(lower), (None if known is None else int(known))
+
+
+def _forward_only(graph: Graph) -> Graph:
+    """The forward part of a training graph read from a file (``mode=infer``)."""
+    keep = [i for i, v in enumerate(graph.nodes) if v.kind == "fwd"]
+    if len(keep) == graph.size:
+        return graph
+    if not keep:
+        raise GraphError(f"graph {graph.name!r} has no forward nodes to run in mode=infer")
+    new = {old: k for k, old in enumerate(keep)}
+    return replace(
+        graph,
+        nodes=tuple(replace(graph.nodes[i], fwd_index=None) for i in keep),
+        edges=tuple(
+            Edge(new[e.src], new[e.dst], e.copyable)
+            for e in graph.edges
+            if e.src in new and e.dst in new
+        ),
+    )
+
+
+def _check_devices_exist(cfg: RunConfig) -> None:
+    """A device that must be profiled or executed here has to exist here."""
+    needs_here = cfg.executes or cfg.profile_path is None
+    if not needs_here:
+        return
+    for d in cfg.devices:
+        if d.startswith("cuda"):
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ConfigError(
+                    f"device {d!r} is not available on this machine: load a profile measured "
+                    "on a GPU machine with profile.path=<file> execute=false"
+                )
+        elif not d.startswith("cpu"):
+            raise ConfigError(f"device {d!r} is not a torch device name (cpu, cpu:1, cuda, cuda:1)")
+
+
+# ------------------------------------------------------------------------------ running
+def run_pipeline(
+    cfg: RunConfig, tracker: Tracker | None = None, prepared: Prepared | None = None
+) -> list[RunRow]:
+    """Run every strategy of ``cfg``; rows come back in table order (reference first).
+
+    Each row is handed to ``tracker`` as soon as it is complete, so a crash later in the run
+    loses nothing already measured.
+    """
+    tracker = tracker or NullTracker()
+    prep = prepared or prepare(cfg)
+    graph = prep.graph
+    tracker.metrics(
+        {
+            "graph/num_nodes": graph.size,
+            "graph/num_edges": len(graph.edges),
+            "graph/keep_all_peak_mib": prep.keep_all_peak_bytes / MIB,
+            "graph/min_budget_mib": prep.min_budget_bytes / MIB,
+            "graph/fixed_mib": graph.fixed_bytes / MIB,
+        }
+    )
+    if prep.captured is not None:
+        graph = _apply_profile(cfg, prep, tracker)
+    inst = Instance(graph, cfg.devices, prep.budget_bytes)
+
+    rows: list[RunRow] = []
+    reference = None
+    if cfg.executes:
+        reference, ref_row = _reference(cfg, prep)
+        rows.append(ref_row)
+        _record(tracker, ref_row)
+
+    # one-device strategies first: their best schedule warm-starts the heterogeneous model
+    order = sorted(cfg.strategies, key=lambda s: not STRATEGIES[s].one_device)
+    best_single: StrategyResult | None = None
+    for name in order:
+        spec = STRATEGIES[name]
+        if spec.one_device:
+            targets = [
+                (d, inst.only_device(d, prep.budget_bytes[d])) for d in range(len(cfg.devices))
+            ]
+        else:
+            targets = [(None, inst)]
+        for d, sub in targets:
+            label = name if (d is None or len(cfg.devices) == 1) else f"{name}.{cfg.devices[d]}"
+            warm = None
+            if name == "xengine" and best_single is not None:
+                warm = best_single.schedule.on_devices(inst.devices)
+            res = _solve(name, spec, sub, cfg, warm, prep.min_budget_bytes, label)
+            row = _row(label, res)
+            if cfg.executes and prep.captured is not None:
+                _execute_into(row, res, sub, cfg, prep, reference)
+            rows.append(row)
+            _record(tracker, row)
+            if (
+                name == "checkmate"
+                and res.has_schedule
+                and res.sim.within_budget
+                and (best_single is None or res.sim.time_s < best_single.sim.time_s)
+            ):
+                best_single = res
+    return rows
+
+
+def _apply_profile(cfg: RunConfig, prep: Prepared, tracker: Tracker) -> Graph:
+    from xengine.profile.profiler import Profile, apply_profile, profile_model
+
+    if cfg.profile_path is not None:
+        log.info("loading profile %s", cfg.profile_path)
+        profile = Profile.load(Path(cfg.profile_path))
+        profile_file = str(cfg.profile_path)
+    else:
+        log.info(
+            "profiling %s on %s (cached under %s)",
+            cfg.net,
+            ",".join(cfg.devices),
+            cfg.profile_cache_dir,
+        )
+        profile = profile_model(
+            prep.captured,
+            cfg.devices,
+            repeats=cfg.profile_repeats,
+            warmup=cfg.profile_warmup,
+            cache_dir=Path(cfg.profile_cache_dir),
+            progress=cfg.progress,
+        )
+        profile_file = str(getattr(profile, "path", None) or Path(cfg.profile_cache_dir))
+    tracker.tags(
+        {
+            "xe.profile_source": str(profile.source),
+            "xe.profile_key": str(profile.key),
+            "xe.profile_file": profile_file,
+        }
+    )
+    _profile_artifact(profile, tracker)
+    return apply_profile(prep.graph, profile)
+
+
+def _profile_artifact(profile: Any, tracker: Tracker) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "profile.json"
+        profile.save(path)
+        tracker.file_artifact(path)
+
+
+def _solve(
+    name: str,
+    spec: StrategySpec,
+    inst: Instance,
+    cfg: RunConfig,
+    warm: Schedule | None,
+    min_budget: int,
+    label: str,
+) -> StrategyResult:
+    """Run one strategy; any failure becomes a result with status ``error`` and a message."""
+    if max(inst.budget_bytes) < min_budget:
+        return StrategyResult(
+            name,
+            inst.devices,
+            inst.budget_bytes,
+            "infeasible",
+            message=f"budget {format_bytes(max(inst.budget_bytes))} is below the smallest "
+            f"feasible budget {format_bytes(min_budget)}",
+        )
+    kwargs: dict[str, Any] = {}
+    if spec.uses_solver:
+        kwargs.update(solver=cfg.solver, options=cfg.solver_options)
+    if name == "xengine":
+        kwargs.update(mode=cfg.formulation, warm_start=warm)
+    if name == "lp_rounding":
+        kwargs.update(seed=cfg.seed)
+    log.info("%s: solving on %s, budget %s", label, ",".join(inst.devices), _budget_list(inst))
+    t0 = time.perf_counter()
+    try:
+        res = _load(spec.target)(inst, **kwargs)
+    except Exception as exc:  # a failing strategy is recorded, the run goes on
+        log.warning("%s failed: %s: %s", label, type(exc).__name__, exc)
+        log.info("%s traceback", label, exc_info=True)
+        return StrategyResult(
+            name,
+            inst.devices,
+            inst.budget_bytes,
+            "error",
+            solve_time_s=time.perf_counter() - t0,
+            message=f"{type(exc).__name__}: {exc}",
+        )
+    if res.schedule is not None and res.sim is None:
+        try:
+            res.sim = simulate(inst, res.schedule, check_budget=False)
+        except ScheduleError as exc:
+            res.status, res.message = "error", f"schedule rejected by the simulator: {exc}"
+            res.schedule = None
+    log.info(
+        "%s: %s%s",
+        label,
+        res.status,
+        f", predicted {res.sim.time_s * 1e3:.2f} ms" if res.sim is not None else "",
+    )
+    return res
+
+
+def _budget_list(inst: Instance) -> str:
+    return ", ".join(format_bytes(b) for b in inst.budget_bytes)
+
+
+def _row(label: str, res: StrategyResult) -> RunRow:
+    sim = res.sim
+    row = RunRow(
+        label=label,
+        strategy=res.strategy,
+        devices=tuple(res.devices),
+        status=res.status,
+        budget_bytes=tuple(int(b) for b in res.budget_bytes),
+        solve_time_s=res.solve_time_s,
+        build_time_s=res.build_time_s or None,
+        gap=res.gap,
+        note=res.message,
+        result=res,
+    )
+    if sim is not None:
+        row.predicted_time_s = float(sim.time_s)
+        row.predicted_peak_bytes = tuple(int(p) for p in sim.peak_bytes)
+        row.n_recomputes = int(sim.n_recomputes)
+        if sim.violations and not row.note:
+            row.note = f"over budget in the simulator: {sim.violations[0]}"
+    return row
+
+
+def _reference(cfg: RunConfig, prep: Prepared) -> tuple[Any, RunRow]:
+    from xengine.execute.executor import reference_step
+
+    log.info("reference: plain PyTorch step, %d steps after %d warm-up", cfg.n_steps, cfg.warmup)
+    row = RunRow(label="pytorch", strategy="pytorch", devices=(cfg.devices[0],), status="reference")
+    try:
+        ref = reference_step(prep.captured, n_steps=cfg.n_steps, warmup=cfg.warmup)
+    except Exception as exc:
+        log.warning("reference step failed: %s: %s", type(exc).__name__, exc)
+        log.info("reference traceback", exc_info=True)
+        row.status, row.note = "error", f"{type(exc).__name__}: {exc}"
+        return None, row
+    _fill_measurement(row, ref)
+    row.execution = ref
+    return ref, row
+
+
+def _fill_measurement(row: RunRow, ex: Any) -> None:
+    row.measured_time_s = float(ex.step_time_s)
+    row.measured_peak_bytes = tuple(int(ex.peak_bytes.get(d, 0)) for d in row.devices)
+    fixed = ex.fixed_bytes
+    row.fixed_bytes = int(sum(fixed.values()) if isinstance(fixed, Mapping) else fixed)
+
+
+def _execute_into(
+    row: RunRow, res: StrategyResult, inst: Instance, cfg: RunConfig, prep: Prepared, reference: Any
+) -> None:
+    """Run ``res``'s schedule for real when it has one that fits, and compare with PyTorch."""
+    if not res.has_schedule:
+        return
+    if not res.sim.within_budget:
+        row.note = row.note or "not executed: over budget in the simulator"
+        return
+    from xengine.execute.executor import execute
+
+    log.info("%s: executing %d steps after %d warm-up", row.label, cfg.n_steps, cfg.warmup)
+    try:
+        ex = execute(prep.captured, inst, res.schedule, n_steps=cfg.n_steps, warmup=cfg.warmup)
+    except Exception as exc:
+        log.warning("%s: execution failed: %s: %s", row.label, type(exc).__name__, exc)
+        log.info("%s execution traceback", row.label, exc_info=True)
+        row.note = f"execution failed: {type(exc).__name__}: {exc}"
+        return
+    row.execution = ex
+    _fill_measurement(row, ex)
+    tol = int(getattr(ex, "budget_tolerance_bytes", 0) or 0)
+    over = [
+        f"{d} measured {format_bytes(m)} > budget {format_bytes(b)} + tolerance {format_bytes(tol)}"
+        for d, m, b in zip(row.devices, row.measured_peak_bytes, row.budget_bytes, strict=True)
+        if m > b + tol
+    ]
+    if over:
+        row.note = "; ".join([row.note, *over]) if row.note else "; ".join(over)
+    if reference is not None:
+        row.grads_match = grads_match(ex, reference, cfg.grad_rtol, cfg.grad_atol)
+        if not row.grads_match:
+            log.warning("%s: loss or gradients differ from plain PyTorch", row.label)
+
+
+def grads_match(run: Any, reference: Any, rtol: float = 1e-4, atol: float = 1e-6) -> bool:
+    """Same loss and the same parameter gradients (names and values) as the reference step."""
+    import torch
+
+    def as_tensor(x: Any) -> torch.Tensor:
+        return x.detach().cpu() if isinstance(x, torch.Tensor) else torch.as_tensor(x)
+
+    if (run.loss is None) != (reference.loss is None):
+        return False
+    if run.loss is not None and not torch.allclose(
+        as_tensor(run.loss).double(), as_tensor(reference.loss).double(), rtol=rtol, atol=atol
+    ):
+        return False
+    a, b = dict(run.param_grads or {}), dict(reference.param_grads or {})
+    if a.keys() != b.keys():
+        return False
+    for k, ref in b.items():
+        got = a[k]
+        if (got is None) != (ref is None):
+            return False
+        if got is not None and not torch.allclose(
+            as_tensor(got), as_tensor(ref), rtol=rtol, atol=atol
+        ):
+            return False
+    return True
+
+
+def _record(tracker: Tracker, row: RunRow) -> None:
+    tracker.metrics(row.metrics())
+    tags = {f"xe.status.{row.label}": row.status}
+    if row.note:
+        tags[f"xe.note.{row.label}"] = row.note[:4000]
+    tracker.tags(tags)
+    if row.result is not None and row.result.schedule is not None:
+        tracker.json_artifact(row.result.schedule.to_json(), f"schedules/{row.label}.json")
+
+
+def run_status(rows: list[RunRow]) -> str:
+    """``ok`` when every strategy produced its answer, ``partial`` when one failed."""
+    bad = [r for r in rows if r.status == "error" or r.note.startswith("execution failed")]
+    return "partial" if bad else "ok"
+
+
+__all__ = [
+    "DEFAULT_STRATEGIES",
+    "STRATEGIES",
+    "BudgetError",
+    "ConfigError",
+    "NullTracker",
+    "Prepared",
+    "RunConfig",
+    "RunRow",
+    "StrategySpec",
+    "Tracker",
+    "grads_match",
+    "prepare",
+    "run_pipeline",
+    "run_status",
+]

@@ -1,0 +1,91 @@
+"""The comparison table: one row per strategy (and the plain PyTorch reference).
+
+The same rows become the printed table, ``table.csv`` (an MLflow artifact) and the MLflow
+metrics; units are in the column names. Several devices show as ``a / b`` in device order.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Callable, Sequence
+
+from xengine.pipeline import MIB, RunRow
+
+Cell = Callable[[RunRow], str]
+
+
+def _num(x: float | None, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def _per_device(values: tuple[int, ...] | None, scale: float, fmt: str) -> str:
+    if not values:
+        return "-"
+    return " / ".join(format(v / scale, fmt) for v in values)
+
+
+def _yes_no(x: bool | None) -> str:
+    return "-" if x is None else ("yes" if x else "no")
+
+
+COLUMNS: list[tuple[str, Cell]] = [
+    ("strategy", lambda r: r.label),
+    ("status", lambda r: r.status),
+    ("pred time ms", lambda r: _num(None if r.predicted_time_s is None else r.predicted_time_s * 1e3, ".2f")),
+    ("meas time ms", lambda r: _num(None if r.measured_time_s is None else r.measured_time_s * 1e3, ".2f")),
+    ("pred peak MiB", lambda r: _per_device(r.predicted_peak_bytes, MIB, ".2f")),
+    ("meas peak MiB", lambda r: _per_device(r.measured_peak_bytes, MIB, ".2f")),
+    ("budget MiB", lambda r: _per_device(r.budget_bytes, MIB, ".2f")),
+    ("solve s", lambda r: _num(r.solve_time_s, ".2f")),
+    ("gap %", lambda r: _num(None if r.gap is None else 100 * r.gap, ".2f")),
+    ("grads match", lambda r: _yes_no(r.grads_match)),
+]
+"""(header, cell) for the printed table."""
+
+CSV_FIELDS: list[tuple[str, Callable[[RunRow], object]]] = [
+    ("strategy", lambda r: r.label),
+    ("devices", lambda r: "+".join(r.devices)),
+    ("status", lambda r: r.status),
+    ("predicted_time_ms", lambda r: None if r.predicted_time_s is None else r.predicted_time_s * 1e3),
+    ("measured_time_ms", lambda r: None if r.measured_time_s is None else r.measured_time_s * 1e3),
+    ("predicted_peak_mib", lambda r: _per_device(r.predicted_peak_bytes, MIB, ".6f")),
+    ("measured_peak_mib", lambda r: _per_device(r.measured_peak_bytes, MIB, ".6f")),
+    ("budget_mib", lambda r: _per_device(r.budget_bytes, MIB, ".6f")),
+    ("fixed_mib", lambda r: None if r.fixed_bytes is None else r.fixed_bytes / MIB),
+    ("solve_time_s", lambda r: r.solve_time_s),
+    ("gap_pct", lambda r: None if r.gap is None else 100 * r.gap),
+    ("n_recomputes", lambda r: r.n_recomputes),
+    ("grads_match", lambda r: _yes_no(r.grads_match)),
+    ("note", lambda r: r.note),
+]
+"""(column, value) for ``table.csv``: full precision, empty cells for missing values."""
+
+
+def format_table(rows: Sequence[RunRow], title: str = "") -> str:
+    """A fixed-width text table, followed by one note line per row that has a note."""
+    header = [h for h, _ in COLUMNS]
+    body = [[cell(r) for _, cell in COLUMNS] for r in rows]
+    widths = [max(len(x) for x in col) for col in zip(header, *body, strict=True)]
+
+    def line(cells: Sequence[str]) -> str:
+        first = cells[0].ljust(widths[0])
+        rest = [c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True)]
+        return "  ".join([first, *rest]).rstrip()
+
+    out = [title] if title else []
+    out += [line(header), "  ".join("-" * w for w in widths)]
+    out += [line(b) for b in body]
+    notes = [f"  {r.label}: {r.note}" for r in rows if r.note]
+    if notes:
+        out += ["notes:", *notes]
+    return "\n".join(out)
+
+
+def table_csv(rows: Sequence[RunRow]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow([name for name, _ in CSV_FIELDS])
+    for r in rows:
+        w.writerow(["" if (v := get(r)) is None else v for _, get in CSV_FIELDS])
+    return buf.getvalue()

@@ -1,0 +1,135 @@
+"""XEngine as a strategy: build the model, warm-start it, solve, check with the simulator."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from xengine.formulation import build
+from xengine.problem import Instance
+from xengine.result import StrategyResult
+from xengine.schedule import Schedule
+from xengine.simulate import ScheduleError, simulate
+from xengine.solvers import QUADRATIC_CAPABLE, SolverOptions, solve
+
+log = logging.getLogger(__name__)
+
+
+def _progress_logger(label: str, scale: float):
+    def report(elapsed_s: float, incumbent: float | None, bound: float | None) -> None:
+        incumbent = None if incumbent is None else incumbent * scale
+        bound = None if bound is None else bound * scale
+        gap = None
+        if incumbent is not None and bound is not None and incumbent:
+            gap = abs(incumbent - bound) / abs(incumbent)
+        log.info(
+            "%s: %.1f s incumbent %s bound %s gap %s",
+            label,
+            elapsed_s,
+            f"{incumbent:.6g}" if incumbent is not None else "-",
+            f"{bound:.6g}" if bound is not None else "-",
+            f"{100 * gap:.2f}%" if gap is not None else "-",
+        )
+
+    return report
+
+
+def solve_xengine(
+    inst: Instance,
+    solver: str = "highs",
+    mode: str = "exact",
+    options: SolverOptions | None = None,
+    warm_start: Schedule | None = None,
+    strategy: str = "xengine",
+) -> StrategyResult:
+    """Solve the heterogeneous model on ``inst`` (DESIGN.md section 6).
+
+    ``warm_start`` is any valid schedule on the same devices (typically the best single-device
+    Checkmate schedule embedded with :meth:`Schedule.on_devices`); exact mode passes it to the
+    solver as a MIP start. The returned schedule is replayed by the simulator; the model's own
+    objective and peak are kept beside the simulator's figures.
+    """
+    options = options or SolverOptions()
+    t0 = time.perf_counter()
+    linearize = solver not in QUADRATIC_CAPABLE
+    form = build(inst, mode=mode, linearize=linearize)
+    x0 = None
+    if warm_start is not None and mode == "exact":
+        x0 = form.assignment(warm_start)
+        viol = form.model.max_violation(x0)
+        if viol > 1e-6:
+            log.warning("warm start violates the model by %.3g; not used", viol)
+            x0 = None
+    model = form.model
+    res = StrategyResult(
+        strategy=strategy,
+        devices=inst.devices,
+        budget_bytes=inst.budget_bytes,
+        status="error",
+        solver=solver,
+        build_time_s=form.build_time_s,
+        n_vars=model.n_vars,
+        n_rows=model.n_rows,
+        n_integer=model.n_integer,
+        extra={"mode": mode, "linearized": bool(linearize and mode == "paper")},
+    )
+    if form.blocked is not None:
+        node, need = form.blocked
+        res.status = "infeasible"
+        res.message = (
+            f"infeasible: node {node} needs {need} bytes (inputs + output + workspace) on one "
+            f"device, more than any device's budget; every budget must be at least {need} bytes"
+        )
+        res.extra["min_budget_lower_bound_bytes"] = need
+        log.info("%s: %s", strategy, res.message)
+        return res
+    sr = solve(
+        model, solver, options, warm_start=x0, progress=_progress_logger(strategy, form.time_scale)
+    )
+    res.status = sr.status
+    res.solve_time_s = sr.solve_time_s
+    res.message = sr.message
+    res.gap = sr.gap
+    res.extra["time_to_first_s"] = sr.time_to_first_s
+    if sr.best_bound is not None:
+        res.best_bound_s = float(sr.best_bound) * form.time_scale
+    if sr.x is None:
+        log.info("%s: %s after %.1f s", strategy, sr.status, sr.solve_time_s)
+        return res
+    res.objective_s = form.objective_s(sr.x)
+    res.model_peak_bytes = form.peak_bytes(sr.x)
+    sched = form.schedule_from(sr.x)
+    try:
+        sim = simulate(inst, sched, check_budget=False)
+    except ScheduleError as exc:
+        res.status = "error"
+        res.message = f"solver schedule rejected by the simulator: {exc}"
+        log.error("%s: %s", strategy, res.message)
+        return res
+    res.schedule = sched
+    res.sim = sim
+    if sim.violations:
+        res.message = f"over budget in the simulator: {sim.violations[0]}"
+        if mode == "exact":
+            res.status = "error"
+    log.info(
+        "%s: %s, objective %.6g s (simulator %.6g s), gap %s, %.1f s total",
+        strategy,
+        res.status,
+        res.objective_s,
+        sim.time_s,
+        "-" if res.gap is None else f"{100 * res.gap:.3f}%",
+        time.perf_counter() - t0,
+    )
+    return res
+
+
+def agree(res: StrategyResult, rel_tol: float = 1e-6) -> bool:
+    """Whether the model's objective and per-device peak equal the simulator's (exact mode)."""
+    if res.sim is None or res.objective_s is None or res.model_peak_bytes is None:
+        return False
+    t_ok = abs(res.objective_s - res.sim.time_s) <= rel_tol * max(1.0, abs(res.sim.time_s))
+    m_ok = np.allclose(res.model_peak_bytes, res.sim.peak_bytes, rtol=rel_tol, atol=1.0)
+    return bool(t_ok and m_ok)

@@ -1,0 +1,376 @@
+"""OR-Tools CP-SAT back-end: integer variables and integer row coefficients only.
+
+CP-SAT is not given a discretised model. A model is accepted only if every continuous column
+can be made an integer variable *without changing the optimum*; otherwise
+:class:`SolverUnavailable` says which column stops it. Two rules (see :func:`integerise`):
+
+1. **Defined by an equality.** A continuous column ``x_j`` alone (among unresolved continuous
+   columns) in an equality row whose other columns are integer (or already resolved) is a fixed
+   combination of integers: ``sigma_j * x_j`` is an integer at *every* feasible point for the
+   ``sigma_j`` found by a floating-point gcd of the row's ratios. The memory columns ``U`` of
+   :mod:`xengine.formulation` (sums of tensor sizes) are resolved this way, in units of the
+   gcd of the tensor sizes.
+2. **Implied integer.** A continuous column with integer bounds whose "good" rows (all other
+   columns integer/resolved-by-1, coefficients and sides integer after dividing by its
+   coefficient) bound it by integers, while every other row only bounds it from the side the
+   objective pushes away from (``c_j >= 0``: upper bounds only). Moving it to its smallest
+   (largest) value allowed by the good rows keeps every point feasible and no worse, so an
+   integer optimum exists. The copy indicators ``X`` and AND columns ``W`` are of this kind.
+
+Every row is then multiplied by ``1 / gcd`` of its coefficients (on the integer variables) and
+rounded; the largest relative rounding error is reported in ``SolveResult.message`` (it is 0 or
+~1e-12 for xengine's models). The objective stays floating point (CP-SAT supports that). The
+returned objective is ``model.objective(x)`` of the unscaled ``x``. Products and LP
+relaxations are rejected. ``options.threads`` maps to ``num_workers`` (CP-SAT's default uses
+every core).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from xengine.solvers.model import (
+    MilpModel,
+    ProgressFn,
+    SolveResult,
+    SolverOptions,
+    SolverUnavailable,
+    relative_gap,
+)
+
+log = logging.getLogger(__name__)
+
+RTOL = 1e-9  # relative tolerance for "is an integer multiple"
+MAX_RATIO = 2.0**40  # largest integer coefficient (max / gcd) accepted in a row
+_STATUS = {"OPTIMAL": "optimal", "FEASIBLE": "feasible", "INFEASIBLE": "infeasible",
+           "UNKNOWN": "no_solution", "MODEL_INVALID": "error"}
+
+
+def map_status(name: str) -> str:
+    """CP-SAT status name -> one of STATUSES (CP-SAT reports OPTIMAL once the gap limit is
+    reached, like the others; FEASIBLE means a limit stopped it with an incumbent)."""
+    return _STATUS.get(name, "error")
+
+
+def fgcd(values: np.ndarray, rtol: float = RTOL) -> float | None:
+    """Largest g with every value an integer multiple of g (within ``rtol``), or None when the
+    values are not commensurable within ``MAX_RATIO``. Zero values are ignored; all-zero -> 1."""
+    v = np.abs(np.asarray(values, dtype=float))
+    v = v[v > 0]
+    if v.size == 0:
+        return 1.0
+    vmax = float(v.max())
+    tol = max(vmax / MAX_RATIO, vmax * 1e-15) * 0.5
+    g = float(v[0])
+    for b in v[1:].tolist():
+        a = g
+        while b > tol:
+            r = abs(a - round(a / b) * b)
+            a, b = b, r
+        g = a
+        if g <= tol:
+            return None
+    k = v / g
+    if float(k.max()) > MAX_RATIO or np.any(np.abs(k - np.round(k)) > rtol * np.maximum(1.0, k)):
+        return None
+    # re-fit g from the rounded multiples (least squares) to remove drift
+    kr = np.round(k)
+    return float(np.dot(kr, v) / np.dot(kr, kr))
+
+
+@dataclass
+class Integerised:
+    """``x = y / sigma`` with integer ``y`` in [ylb, yub]; ``rule`` 0 integer, 1 equality, 2
+    implied integer, 3 fixed."""
+
+    sigma: np.ndarray
+    ylb: np.ndarray
+    yub: np.ndarray
+    rule: np.ndarray
+
+
+def _ceil(v: float) -> float:
+    return float(math.ceil(v - RTOL * max(1.0, abs(v))))
+
+
+def _floor(v: float) -> float:
+    return float(math.floor(v + RTOL * max(1.0, abs(v))))
+
+
+def integerise(model: MilpModel) -> Integerised:
+    """Find ``sigma`` per column (1 for integer columns) such that the model with
+    ``y = sigma * x`` integer has the same optimum. Raises :class:`SolverUnavailable`."""
+    n = model.n_vars
+    A = model.A.tocsr().copy()
+    A.sum_duplicates()
+    A.eliminate_zeros()
+    C = A.tocsc()
+    lb, ub = model.lb.astype(float), model.ub.astype(float)
+    sigma = np.ones(n)
+    rule = np.full(n, -1, dtype=np.int64)
+    ylb = np.full(n, -np.inf)
+    yub = np.full(n, np.inf)
+
+    ints = np.flatnonzero(model.integrality)
+    rule[ints] = 0
+    for j in ints.tolist():
+        ylb[j], yub[j] = _ceil(lb[j]), _floor(ub[j])
+    bad_int = ints[~(np.isfinite(ylb[ints]) & np.isfinite(yub[ints]))]
+    if bad_int.size:
+        raise SolverUnavailable(
+            f"solver=cpsat needs finite bounds on integer columns; {bad_int.size} have none "
+            f"(e.g. column {int(bad_int[0])}); use solver=highs (default)"
+        )
+    cont = np.flatnonzero(~model.integrality)
+    for j in cont.tolist():
+        if lb[j] == ub[j]:
+            rule[j] = 3
+            sigma[j] = 1.0 / abs(lb[j]) if lb[j] != 0 else 1.0
+            ylb[j] = yub[j] = float(np.sign(lb[j]))
+
+    # rule 1: equality propagation, queue of rows with one unresolved continuous column
+    eq = np.isfinite(model.row_lb) & (model.row_lb == model.row_ub)
+    unresolved = rule < 0
+    cnt = np.zeros(model.n_rows, dtype=np.int64)
+    rows_of_unres = A[:, unresolved]
+    cnt[:] = np.diff((rows_of_unres != 0).astype(np.int8).tocsr().indptr)
+    queue = deque(np.flatnonzero(eq & (cnt == 1)).tolist())
+    indptr, indices, data = A.indptr, A.indices, A.data
+    cptr, crow = C.indptr, C.indices
+    while queue:
+        r = queue.popleft()
+        if cnt[r] != 1:
+            continue
+        cols = indices[indptr[r]: indptr[r + 1]]
+        vals = data[indptr[r]: indptr[r + 1]]
+        k = np.flatnonzero(rule[cols] < 0)
+        if k.size != 1:
+            continue
+        j, a = int(cols[k[0]]), float(vals[k[0]])
+        other = np.ones(cols.size, dtype=bool)
+        other[k[0]] = False
+        oc, ov = cols[other], vals[other]
+        ratio = ov / (a * sigma[oc])  # x_j = b/a - sum ratio * y_i
+        b_over_a = float(model.row_lb[r]) / a
+        g = fgcd(np.concatenate([ratio, [b_over_a]]))
+        if g is None:
+            continue
+        s_j = 1.0 / g
+        # interval of y_j = s_j * (b/a - sum ratio * y_i)
+        coef = -s_j * ratio
+        lo = s_j * b_over_a + float(np.sum(np.minimum(coef * ylb[oc], coef * yub[oc])))
+        hi = s_j * b_over_a + float(np.sum(np.maximum(coef * ylb[oc], coef * yub[oc])))
+        lo = max(lo, s_j * lb[j]) if np.isfinite(lb[j]) else lo
+        hi = min(hi, s_j * ub[j]) if np.isfinite(ub[j]) else hi
+        if not (np.isfinite(lo) and np.isfinite(hi)):
+            continue
+        sigma[j], rule[j] = s_j, 1
+        ylb[j], yub[j] = _ceil(lo), _floor(hi)
+        for rr in crow[cptr[j]: cptr[j + 1]].tolist():
+            cnt[rr] -= 1
+            if eq[rr] and cnt[rr] == 1:
+                queue.append(rr)
+
+    # rule 2: implied integers (checked against integer / rule-1 / fixed columns only)
+    base = rule >= 0
+    for j in np.flatnonzero(rule < 0).tolist():
+        lo_j, hi_j = _ceil(lb[j]), _floor(ub[j])
+        if not (np.isfinite(lb[j]) and np.isfinite(ub[j])) or abs(lo_j - lb[j]) > 1e-9 or abs(
+            hi_j - ub[j]
+        ) > 1e-9:
+            continue
+        bad_up = bad_down = False  # some non-integral row bounds x_j from above / below
+        for r in crow[cptr[j]: cptr[j + 1]].tolist():
+            cols = indices[indptr[r]: indptr[r + 1]]
+            vals = data[indptr[r]: indptr[r + 1]]
+            pos = int(np.flatnonzero(cols == j)[0])
+            a = float(vals[pos])
+            other = np.ones(cols.size, dtype=bool)
+            other[pos] = False
+            oc, ov = cols[other], vals[other]
+            good = bool(np.all(base[oc]))
+            if good:
+                k = ov / (a * sigma[oc])
+                sides = [v / a for v in (model.row_lb[r], model.row_ub[r]) if np.isfinite(v)]
+                k = np.concatenate([k, sides])
+                good = bool(np.all(np.abs(k - np.round(k)) <= RTOL * np.maximum(1.0, np.abs(k))))
+            if good:
+                continue
+            caps_up = (a > 0 and np.isfinite(model.row_ub[r])) or (a < 0 and np.isfinite(model.row_lb[r]))
+            caps_down = (a > 0 and np.isfinite(model.row_lb[r])) or (a < 0 and np.isfinite(model.row_ub[r]))
+            bad_up |= bool(caps_up)
+            bad_down |= bool(caps_down)
+        cj = float(model.c[j])
+        if (bad_up and bad_down) or (bad_up and cj < 0) or (bad_down and cj > 0):
+            continue
+        rule[j], sigma[j] = 2, 1.0
+        ylb[j], yub[j] = lo_j, hi_j
+
+    left = np.flatnonzero(rule < 0)
+    if left.size:
+        raise SolverUnavailable(
+            f"solver=cpsat takes integer variables only: {left.size} of the model's "
+            f"{cont.size} continuous columns (e.g. column {int(left[0])}) are neither defined "
+            "by an equality over integer columns nor implied integer, so CP-SAT could only "
+            "solve a discretised model; use solver=highs (default), scip or gurobi"
+        )
+    return Integerised(sigma=sigma, ylb=ylb, yub=yub, rule=rule)
+
+
+def scaled_rows(model: MilpModel, sigma: np.ndarray):
+    """Rows over ``y`` with integer coefficients: yields (cols, int coefs, lo, hi) per row and
+    returns the largest relative coefficient rounding error. Raises SolverUnavailable."""
+    A = model.A.tocsr().copy()
+    A.sum_duplicates()
+    A.eliminate_zeros()
+    out = []
+    worst = 0.0
+    for r in range(model.n_rows):
+        lo_r, hi_r = float(model.row_lb[r]), float(model.row_ub[r])
+        if not (np.isfinite(lo_r) or np.isfinite(hi_r)):
+            continue
+        a, b = A.indptr[r], A.indptr[r + 1]
+        cols = A.indices[a:b]
+        v = A.data[a:b] / sigma[cols]
+        if v.size == 0:
+            out.append((cols, [], lo_r, hi_r))
+            continue
+        g = fgcd(v)
+        if g is None:
+            raise SolverUnavailable(
+                f"solver=cpsat needs integer coefficients: row {r} of {model.name!r} cannot be "
+                f"scaled to integers (coefficient ratios beyond {MAX_RATIO:.0e} or not "
+                f"commensurable within {RTOL:g}); use solver=highs (default)"
+            )
+        k = v / g
+        kr = np.round(k)
+        worst = max(worst, float(np.max(np.abs(k - kr) / np.maximum(np.abs(k), 1.0))))
+        lo = _ceil(lo_r / g) if np.isfinite(lo_r) else -np.inf
+        hi = _floor(hi_r / g) if np.isfinite(hi_r) else np.inf
+        out.append((cols, kr.astype(np.int64).tolist(), lo, hi))
+    return out, worst
+
+
+def solve_cpsat(
+    model: MilpModel,
+    options: SolverOptions,
+    warm_start: np.ndarray | None = None,
+    progress: ProgressFn | None = None,
+) -> SolveResult:
+    """Solve with CP-SAT after :func:`integerise` (see the module docstring). Options:
+    ``max_time_in_seconds``, ``relative_gap_limit``, ``num_workers``, ``random_seed``,
+    ``log_search_progress``. ``warm_start`` becomes a full hint; ``progress`` is called from a
+    solution callback (CP-SAT only reports improving solutions)."""
+    try:
+        from ortools.sat.python import cp_model
+    except ImportError as exc:
+        raise SolverUnavailable("solver=cpsat needs the 'ortools' package: pip install ortools") from exc
+    if model.is_quadratic:
+        raise SolverUnavailable(
+            "solver=cpsat cannot take products of variables; build the linearised model "
+            "(formulation mode=paper, linearize=True) or use solver=scip / gurobi"
+        )
+    if options.relax:
+        raise SolverUnavailable(
+            "solver=cpsat cannot solve an LP relaxation (relax=True); use solver=highs or cvxpy"
+        )
+    t_build = time.perf_counter()
+    integ = integerise(model)
+    rows, worst = scaled_rows(model, integ.sigma)
+    n = model.n_vars
+    if np.any(integ.ylb > integ.yub):
+        j = int(np.flatnonzero(integ.ylb > integ.yub)[0])
+        return SolveResult(
+            solver="cpsat", status="infeasible", x=None, objective=None, best_bound=None,
+            gap=None, solve_time_s=0.0,
+            message=f"column {j} has no integer value within its bounds",
+        )
+    m = cp_model.CpModel()
+    ys = [m.new_int_var(int(integ.ylb[j]), int(integ.yub[j]), f"y{j}") for j in range(n)]
+    for cols, coefs, lo, hi in rows:
+        lo_i = int(lo) if np.isfinite(lo) else cp_model.INT_MIN
+        hi_i = int(hi) if np.isfinite(hi) else cp_model.INT_MAX
+        expr = cp_model.LinearExpr.weighted_sum([ys[c] for c in cols.tolist()], coefs)
+        m.add_linear_constraint(expr, lo_i, hi_i)
+    cobj = model.c / integ.sigma
+    nz = np.flatnonzero(cobj)
+    m.minimize(
+        cp_model.LinearExpr.weighted_sum([ys[j] for j in nz.tolist()], cobj[nz].tolist())
+        + float(model.offset)
+    )
+    if warm_start is not None:
+        w = np.round(np.asarray(warm_start, dtype=float) * integ.sigma)
+        w = np.clip(w, integ.ylb, integ.yub)
+        for j in range(n):
+            m.add_hint(ys[j], int(w[j]))
+    invalid = m.validate()
+    if invalid:
+        raise SolverUnavailable(f"solver=cpsat cannot represent {model.name!r}: {invalid}")
+
+    solver = cp_model.CpSolver()
+    p = solver.parameters
+    if options.time_limit_s is not None:
+        p.max_time_in_seconds = float(options.time_limit_s)
+    p.relative_gap_limit = float(options.rel_gap)
+    if options.threads:
+        p.num_workers = int(options.threads)
+    p.random_seed = int(options.seed)
+    p.log_search_progress = bool(options.verbose)
+    log.info(
+        "cpsat: %d vars (%d resolved by equalities, %d implied integer), %d rows, max coefficient "
+        "rounding %.1e, built in %.2f s",
+        n, int((integ.rule == 1).sum()), int((integ.rule == 2).sum()), len(rows), worst,
+        time.perf_counter() - t_build,
+    )
+
+    t0 = time.perf_counter()
+    first: list[float] = []
+
+    class _Cb(cp_model.CpSolverSolutionCallback):
+        def on_solution_callback(self) -> None:
+            el = time.perf_counter() - t0
+            if not first:
+                first.append(el)
+            if progress is not None:
+                progress(el, float(self.objective_value), float(self.best_objective_bound))
+
+    code = solver.solve(m, _Cb())
+    elapsed = time.perf_counter() - t0
+    name = solver.status_name(code)
+    status = map_status(name)
+    xv = None
+    if status in ("optimal", "feasible"):
+        y = np.array(solver.values(ys), dtype=float) if hasattr(solver, "values") else None
+        if y is None or y.shape != (n,):
+            y = np.array([solver.value(v) for v in ys], dtype=float)
+        xv = y / integ.sigma
+    obj = model.objective(xv) if xv is not None else None
+    bound = float(solver.best_objective_bound) if status in ("optimal", "feasible") else None
+    if status == "no_solution":
+        b = float(solver.best_objective_bound)
+        bound = b if np.isfinite(b) else None
+    msg = name
+    if worst > 0:
+        msg += f"; max relative coefficient rounding {worst:.1e}"
+    if xv is not None:
+        viol = model.max_violation(xv)
+        if viol > 1e-6:
+            msg += f"; max violation of the original model {viol:.1e}"
+    return SolveResult(
+        solver="cpsat",
+        status=status,
+        x=xv,
+        objective=obj,
+        best_bound=bound,
+        gap=relative_gap(obj, bound),
+        solve_time_s=elapsed,
+        message=msg,
+        time_to_first_s=first[0] if first else (elapsed if xv is not None else None),
+        n_nodes=int(solver.num_branches),
+    )
