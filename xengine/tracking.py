@@ -1,0 +1,206 @@
+"""MLflow glue: one MLflow run per ``run.py`` invocation (DESIGN.md section 9).
+
+The tracking store defaults to SQLite under ``results/`` (embedded, no server to start) with
+artifacts beside it in ``results/mlartifacts``; ``tracking.uri=...`` or the environment
+variable ``MLFLOW_TRACKING_URI`` point it elsewhere (a tracking server works the same). The
+config key wins over the environment, which wins over the default.
+
+What a run holds:
+
+* params: the resolved config, flattened to dotted keys (``net.name``, ``solver.time_limit_s``);
+* metrics: ``<strategy>/<quantity>_<unit>`` (``checkmate/predicted_time_ms``,
+  ``checkmate/measured_peak_mib``, ``checkmate/solve_time_s``, ``checkmate/gap``) and
+  ``graph/...``;
+* tags (prefix ``xe.``): ``xe.status`` (ok | partial | error | skipped), one
+  ``xe.status.<strategy>`` per row, ``xe.note.<strategy>`` for errors, ``xe.profile_source`` /
+  ``xe.profile_key`` / ``xe.profile_file`` for the profile used;
+* artifacts: ``config.yaml`` (composed config), ``hydra/`` (Hydra's own record of the job),
+  ``schedules/<strategy>.json``, ``table.csv``, ``profile.json``, the job's log file.
+
+This module and ``run.py`` are the only ones that know Hydra/OmegaConf.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import subprocess
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+MAX_PARAM_CHARS = 6000
+MAX_TAG_CHARS = 5000
+_BAD_KEY_CHARS = re.compile(r"[^A-Za-z0-9_\-. /]")
+
+
+def default_tracking_uri(results_dir: str | Path) -> str:
+    return f"sqlite:///{Path(results_dir).resolve() / 'mlflow.db'}"
+
+
+def resolve_tracking_uri(configured: str | None, results_dir: str | Path) -> str:
+    """``tracking.uri`` if set, else ``$MLFLOW_TRACKING_URI``, else SQLite under results/."""
+    return configured or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(results_dir)
+
+
+def artifact_location_for(uri: str) -> str | None:
+    """Artifacts of a SQLite store go to ``mlartifacts/`` beside the database file; a server
+    decides for itself (None)."""
+    if uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///") :])
+        return (db.parent / "mlartifacts").resolve().as_uri()
+    return None
+
+
+def flatten_config(cfg: Any) -> dict[str, str]:
+    """Resolved config as ``{"net.name": "resnet18", "strategy": "checkmate,chen_sqrtn", ...}``."""
+    from omegaconf import OmegaConf
+
+    data = OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, Mapping) else cfg
+    out: dict[str, str] = {}
+
+    def walk(prefix: str, node: Any) -> None:
+        if isinstance(node, Mapping):
+            for k, v in node.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        elif isinstance(node, (list, tuple)):
+            out[prefix] = ",".join(str(x) for x in node)
+        else:
+            out[prefix] = "null" if node is None else str(node)
+
+    walk("", data)
+    return out
+
+
+def config_yaml(cfg: Any) -> str:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(cfg, resolve=True)
+
+
+def _key(key: str) -> str:
+    return _BAD_KEY_CHARS.sub("_", key)[:250]
+
+
+def _git_commit(repo: Path) -> dict[str, str]:
+    """Commit and dirtiness of the code that ran (read-only git queries)."""
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "HEAD"],
+            capture_output=True, text=True, timeout=5, check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, timeout=5, check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {"xe.git_commit": commit, "xe.git_dirty": str(bool(dirty)).lower()}
+
+
+class MlflowTracker:
+    """A context manager around one MLflow run; the methods log into it right away.
+
+    It uses an explicit :class:`mlflow.MlflowClient` (no global active run), so a crash in one
+    job of a sweep cannot leave a run "active" for the next job. On exit the run is marked
+    FINISHED, or FAILED (an exception) or KILLED (Ctrl-C), and ``xe.status`` says why.
+    """
+
+    def __init__(
+        self,
+        uri: str,
+        experiment: str,
+        run_name: str,
+        tags: Mapping[str, str] | None = None,
+        repo: Path | None = None,
+    ) -> None:
+        self.uri = uri
+        self.experiment = experiment
+        self.run_name = run_name
+        self._tags = dict(tags or {})
+        self._repo = repo
+        self.run_id: str | None = None
+        self.client: Any = None
+
+    # ---------------------------------------------------------------- lifecycle
+    def __enter__(self) -> MlflowTracker:
+        from mlflow import MlflowClient
+        from mlflow.exceptions import MlflowException
+
+        self.client = MlflowClient(tracking_uri=self.uri)
+        exp = self.client.get_experiment_by_name(self.experiment)
+        if exp is None:
+            try:
+                exp_id = self.client.create_experiment(
+                    self.experiment, artifact_location=artifact_location_for(self.uri)
+                )
+            except MlflowException:  # another job of a sweep created it first
+                exp_id = self.client.get_experiment_by_name(self.experiment).experiment_id
+        else:
+            exp_id = exp.experiment_id
+        from xengine import __version__
+
+        tags = {"xe.version": __version__, **self._tags}
+        if self._repo is not None:
+            tags.update(_git_commit(self._repo))
+        run = self.client.create_run(exp_id, run_name=self.run_name, tags=tags)
+        self.run_id = run.info.run_id
+        log.info("MLflow run %s (%s) in %s, experiment %r", self.run_id, self.run_name, self.uri, self.experiment)
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        if self.run_id is None:
+            return False
+        try:
+            if exc_type is None:
+                status = "FINISHED"
+            elif issubclass(exc_type, KeyboardInterrupt):
+                status = "KILLED"
+                self.tags({"xe.status": "killed"})
+            else:
+                status = "FAILED"
+                self.tags({"xe.status": "error", "xe.error": f"{exc_type.__name__}: {exc}"})
+            self.client.set_terminated(self.run_id, status)
+        except Exception as err:  # never hide the original error behind a tracking one
+            log.warning("could not close MLflow run %s: %s", self.run_id, err)
+        return False
+
+    # ---------------------------------------------------------------- logging
+    def params(self, values: Mapping[str, str]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(_key(k), str(v)[:MAX_PARAM_CHARS]) for k, v in values.items()]
+        for i in range(0, len(items), 100):
+            self.client.log_batch(self.run_id, params=items[i : i + 100])
+
+    def metrics(self, values: Mapping[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(_key(k), float(v), now, 0) for k, v in values.items()]
+        for i in range(0, len(items), 1000):
+            self.client.log_batch(self.run_id, metrics=items[i : i + 1000])
+
+    def tags(self, values: Mapping[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        items = [RunTag(_key(k), str(v)[:MAX_TAG_CHARS]) for k, v in values.items()]
+        for i in range(0, len(items), 100):
+            self.client.log_batch(self.run_id, tags=items[i : i + 100])
+
+    def json_artifact(self, data: Any, artifact_file: str) -> None:
+        self.client.log_text(self.run_id, json.dumps(data, indent=1), artifact_file)
+
+    def text_artifact(self, text: str, artifact_file: str) -> None:
+        self.client.log_text(self.run_id, text, artifact_file)
+
+    def file_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+    def dir_artifacts(self, path: str | Path, artifact_path: str | None = None) -> None:
+        self.client.log_artifacts(self.run_id, str(path), artifact_path)
