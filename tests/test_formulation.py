@@ -52,9 +52,14 @@ def test_exact_objective_and_memory_equal_simulator(seed):
         assert res.status == "optimal", res.message
         n_solved += 1
         assert res.sim.within_budget
-        assert agree(res), (res.objective_s, res.sim.time_s, res.model_peak_bytes, res.sim.peak_bytes)
+        assert agree(res), (
+            res.objective_s,
+            res.sim.time_s,
+            res.model_peak_bytes,
+            res.sim.peak_bytes,
+        )
         # never worse than the best single-device optimum at the same per-device budget
-        for d, name in enumerate(devices):
+        for d, _name in enumerate(devices):
             single = solve_xengine(inst.only_device(d, inst.budget_bytes[d]), options=OPTS)
             if single.status == "optimal":
                 assert res.objective_s <= single.objective_s * (1 + 1e-9) + 1e-12
@@ -64,7 +69,11 @@ def test_exact_objective_and_memory_equal_simulator(seed):
 def test_keep_all_budget_recomputes_nothing():
     # every node has a positive cost (a free node could be recomputed at no loss)
     g = training_graph(
-        "chain6", [(i, i + 1) for i in range(5)], 6, [1000] * 6, {"cpu": [1.0] * 6},
+        "chain6",
+        [(i, i + 1) for i in range(5)],
+        6,
+        [1000] * 6,
+        {"cpu": [1.0] * 6},
         loss_cost_s={"cpu": 0.5},
     )
     inst = _single(g, "cpu", g.keep_all_peak_bytes())

@@ -249,13 +249,33 @@ def build(inst: Instance, mode: str = "exact", linearize: bool = True) -> Formul
             for d in range(D):
                 rows = np.arange(tt.size)
                 zc = Zix[d, tt, ii]
-                b.add_rows("z_ge_r", tt.size, np.concatenate([rows, rows]),
-                           np.concatenate([zc, Rix[d, tt, ii]]), np.array([1.0] * tt.size + [-1.0] * tt.size), 0.0, np.inf)
-                b.add_rows("z_ge_s", tt.size, np.concatenate([rows, rows]),
-                           np.concatenate([zc, Six[d, tt, ii]]), np.array([1.0] * tt.size + [-1.0] * tt.size), 0.0, np.inf)
-                b.add_rows("z_le_rs", tt.size, np.concatenate([rows, rows, rows]),
-                           np.concatenate([zc, Rix[d, tt, ii], Six[d, tt, ii]]),
-                           np.array([1.0] * tt.size + [-1.0] * (2 * tt.size)), -np.inf, 0.0)
+                b.add_rows(
+                    "z_ge_r",
+                    tt.size,
+                    np.concatenate([rows, rows]),
+                    np.concatenate([zc, Rix[d, tt, ii]]),
+                    np.array([1.0] * tt.size + [-1.0] * tt.size),
+                    0.0,
+                    np.inf,
+                )
+                b.add_rows(
+                    "z_ge_s",
+                    tt.size,
+                    np.concatenate([rows, rows]),
+                    np.concatenate([zc, Six[d, tt, ii]]),
+                    np.array([1.0] * tt.size + [-1.0] * tt.size),
+                    0.0,
+                    np.inf,
+                )
+                b.add_rows(
+                    "z_le_rs",
+                    tt.size,
+                    np.concatenate([rows, rows, rows]),
+                    np.concatenate([zc, Rix[d, tt, ii], Six[d, tt, ii]]),
+                    np.array([1.0] * tt.size + [-1.0] * (2 * tt.size)),
+                    -np.inf,
+                    0.0,
+                )
 
     # 4. persistence: S[d,t+1,i] <= R[d,t,i] + S[d,t,i]
     p_t, p_i = np.nonzero(tri_le[:-1])
@@ -282,10 +302,21 @@ def build(inst: Instance, mode: str = "exact", linearize: bool = True) -> Formul
         r_parts, c_parts, v_parts = [], [], []
         for d in range(D):
             r_parts += [rows, rows, rows]
-            c_parts += [Rix[d, sel_t, dst[sel_e]], Rix[d, sel_t, src[sel_e]], Six[d, sel_t, src[sel_e]]]
+            c_parts += [
+                Rix[d, sel_t, dst[sel_e]],
+                Rix[d, sel_t, src[sel_e]],
+                Six[d, sel_t, src[sel_e]],
+            ]
             v_parts += [np.ones(k), -np.ones(k), -np.ones(k)]
-        b.add_rows("dependency", k, np.concatenate(r_parts), np.concatenate(c_parts),
-                   np.concatenate(v_parts), -np.inf, 0.0)
+        b.add_rows(
+            "dependency",
+            k,
+            np.concatenate(r_parts),
+            np.concatenate(c_parts),
+            np.concatenate(v_parts),
+            -np.inf,
+            0.0,
+        )
         local_t, local_e = te_t[~cp_mask], te_e[~cp_mask]
     elif multi:  # paper: per consumer device, any holder (Z summed over devices)
         sel_t, sel_e = te_t[cp_mask], te_e[cp_mask]
@@ -299,8 +330,15 @@ def build(inst: Instance, mode: str = "exact", linearize: bool = True) -> Formul
                 r_parts.append(rows)
                 c_parts.append(Zix[a, sel_t, src[sel_e]])
                 v_parts.append(-np.ones(k))
-            b.add_rows("dependency", k, np.concatenate(r_parts), np.concatenate(c_parts),
-                       np.concatenate(v_parts), -np.inf, 0.0)
+            b.add_rows(
+                "dependency",
+                k,
+                np.concatenate(r_parts),
+                np.concatenate(c_parts),
+                np.concatenate(v_parts),
+                -np.inf,
+                0.0,
+            )
         local_t, local_e = te_t[~cp_mask], te_e[~cp_mask]
     else:
         local_t, local_e = te_t, te_e
@@ -311,7 +349,13 @@ def build(inst: Instance, mode: str = "exact", linearize: bool = True) -> Formul
             "dependency_local",
             k,
             np.concatenate([rows, rows, rows]),
-            np.concatenate([Rix[d, local_t, dst[local_e]], Rix[d, local_t, src[local_e]], Six[d, local_t, src[local_e]]]),
+            np.concatenate(
+                [
+                    Rix[d, local_t, dst[local_e]],
+                    Rix[d, local_t, src[local_e]],
+                    Six[d, local_t, src[local_e]],
+                ]
+            ),
             np.concatenate([np.ones(k), -np.ones(k), -np.ones(k)]),
             -np.inf,
             0.0,
@@ -330,14 +374,35 @@ def build(inst: Instance, mode: str = "exact", linearize: bool = True) -> Formul
             xv, rv = Xix[d, sel_t, sel_e], Rix[d, sel_t, dst[sel_e]]
             ru, su = Rix[d, sel_t, src[sel_e]], Six[d, sel_t, src[sel_e]]
             # X >= R_v - Z_u
-            b.add_rows("copy_lb", k, np.concatenate([rows] * 4), np.concatenate([rv, ru, su, xv]),
-                       np.concatenate([np.ones(k), -np.ones(k), -np.ones(k), -np.ones(k)]), -np.inf, 0.0)
+            b.add_rows(
+                "copy_lb",
+                k,
+                np.concatenate([rows] * 4),
+                np.concatenate([rv, ru, su, xv]),
+                np.concatenate([np.ones(k), -np.ones(k), -np.ones(k), -np.ones(k)]),
+                -np.inf,
+                0.0,
+            )
             # X <= R_v
-            b.add_rows("copy_ub_r", k, np.concatenate([rows] * 2), np.concatenate([xv, rv]),
-                       np.concatenate([np.ones(k), -np.ones(k)]), -np.inf, 0.0)
+            b.add_rows(
+                "copy_ub_r",
+                k,
+                np.concatenate([rows] * 2),
+                np.concatenate([xv, rv]),
+                np.concatenate([np.ones(k), -np.ones(k)]),
+                -np.inf,
+                0.0,
+            )
             # X <= 1 - Z_u
-            b.add_rows("copy_ub_z", k, np.concatenate([rows] * 3), np.concatenate([xv, ru, su]),
-                       1.0, -np.inf, 1.0)
+            b.add_rows(
+                "copy_ub_z",
+                k,
+                np.concatenate([rows] * 3),
+                np.concatenate([xv, ru, su]),
+                1.0,
+                -np.inf,
+                1.0,
+            )
         if D == 2:
             for d in range(D):
                 a = 1 - d
@@ -350,15 +415,34 @@ def build(inst: Instance, mode: str = "exact", linearize: bool = True) -> Formul
                     Yix[a, d, sel_t, sel_e] = b.add_vars(k, 0.0, 1.0, False)
                     b.add_objective(Yix[a, d, sel_t, sel_e], CP[a, d, src[sel_e]] / time_scale)
                     rows = np.arange(k)
-                    b.add_rows("copy_source", k, np.concatenate([rows] * 3),
-                               np.concatenate([Yix[a, d, sel_t, sel_e], Rix[a, sel_t, src[sel_e]], Six[a, sel_t, src[sel_e]]]),
-                               np.concatenate([np.ones(k), -np.ones(k), -np.ones(k)]), -np.inf, 0.0)
+                    b.add_rows(
+                        "copy_source",
+                        k,
+                        np.concatenate([rows] * 3),
+                        np.concatenate(
+                            [
+                                Yix[a, d, sel_t, sel_e],
+                                Rix[a, sel_t, src[sel_e]],
+                                Six[a, sel_t, src[sel_e]],
+                            ]
+                        ),
+                        np.concatenate([np.ones(k), -np.ones(k), -np.ones(k)]),
+                        -np.inf,
+                        0.0,
+                    )
                 rows = np.arange(k)
                 r_parts = [rows] + [rows] * len(others)
                 c_parts = [Xix[d, sel_t, sel_e]] + [Yix[a, d, sel_t, sel_e] for a in others]
                 v_parts = [-np.ones(k)] + [np.ones(k)] * len(others)
-                b.add_rows("copy_cover", k, np.concatenate(r_parts), np.concatenate(c_parts),
-                           np.concatenate(v_parts), 0.0, np.inf)
+                b.add_rows(
+                    "copy_cover",
+                    k,
+                    np.concatenate(r_parts),
+                    np.concatenate(c_parts),
+                    np.concatenate(v_parts),
+                    0.0,
+                    np.inf,
+                )
     elif multi and mode == "paper":
         sel_t, sel_e = te_t[cp_mask], te_e[cp_mask]
         k = sel_t.size
@@ -372,8 +456,15 @@ def build(inst: Instance, mode: str = "exact", linearize: bool = True) -> Formul
                 if linearize:
                     w = b.add_vars(k, 0.0, 1.0, False)
                     rows = np.arange(k)
-                    b.add_rows("copy_and", k, np.concatenate([rows] * 3), np.concatenate([w, rv, zu]),
-                               np.concatenate([np.ones(k), -np.ones(k), -np.ones(k)]), -1.0, np.inf)
+                    b.add_rows(
+                        "copy_and",
+                        k,
+                        np.concatenate([rows] * 3),
+                        np.concatenate([w, rv, zu]),
+                        np.concatenate([np.ones(k), -np.ones(k), -np.ones(k)]),
+                        -1.0,
+                        np.inf,
+                    )
                     b.add_objective(w, coef)
                 else:
                     b.add_products(rv, zu, coef)
@@ -429,11 +520,25 @@ def build(inst: Instance, mode: str = "exact", linearize: bool = True) -> Formul
             lin_v += [-np.ones(n_te), -np.ones(n_te)]
         lr, lc, lv = np.concatenate(lin_r), np.concatenate(lin_c), np.concatenate(lin_v)
         # row a: 1 - F <= h   <=>  -F - lin <= hconst - 1
-        b.add_rows("free_a", n_te, np.concatenate([row, lr]), np.concatenate([fcol, lc]),
-                   np.concatenate([-np.ones(n_te), -lv]), -np.inf, hconst - 1.0)
+        b.add_rows(
+            "free_a",
+            n_te,
+            np.concatenate([row, lr]),
+            np.concatenate([fcol, lc]),
+            np.concatenate([-np.ones(n_te), -lv]),
+            -np.inf,
+            hconst - 1.0,
+        )
         # row b: kappa (1 - F) >= h   <=>  -kappa F - lin >= hconst - kappa
-        b.add_rows("free_b", n_te, np.concatenate([row, lr]), np.concatenate([fcol, lc]),
-                   np.concatenate([-kappa, -lv]), hconst - kappa, np.inf)
+        b.add_rows(
+            "free_b",
+            n_te,
+            np.concatenate([row, lr]),
+            np.concatenate([fcol, lc]),
+            np.concatenate([-kappa, -lv]),
+            hconst - kappa,
+            np.inf,
+        )
 
     # 8. memory
     Uix = alloc(tri_le, 0.0, 0.0, False)
@@ -455,7 +560,9 @@ def build(inst: Instance, mode: str = "exact", linearize: bool = True) -> Formul
         r0.append(st)
         c0.append(Six[d, st, si])
         v0.append(-mb[si])
-        b.add_rows("mem_init", T, np.concatenate(r0), np.concatenate(c0), np.concatenate(v0), 0.0, 0.0)
+        b.add_rows(
+            "mem_init", T, np.concatenate(r0), np.concatenate(c0), np.concatenate(v0), 0.0, 0.0
+        )
         # k >= 1: U[d,t,k] - U[d,t,k-1] - m_k R[d,t,k] + sum_{e into k-1} m_src F[d,t,e] = 0
         kt, kk = np.nonzero(tri_le & (np.arange(n)[None, :] >= 1))
         nk = kt.size
@@ -475,10 +582,12 @@ def build(inst: Instance, mode: str = "exact", linearize: bool = True) -> Formul
         rr.append(np.array(fr, dtype=np.int64))
         cc.append(np.array(fc, dtype=np.int64))
         vv.append(np.array(fv, dtype=float))
-        b.add_rows("mem_step", nk, np.concatenate(rr), np.concatenate(cc), np.concatenate(vv), 0.0, 0.0)
+        b.add_rows(
+            "mem_step", nk, np.concatenate(rr), np.concatenate(cc), np.concatenate(vv), 0.0, 0.0
+        )
         # budget rows with transient copies and workspace where they exist
         kt, kk = np.nonzero(tri_le)
-        trans = (wb[kk] > 0)
+        trans = wb[kk] > 0
         if multi and mode == "exact":
             has_copy_in = np.zeros(n, dtype=bool)
             has_copy_in[dst[copyable]] = True
@@ -500,8 +609,15 @@ def build(inst: Instance, mode: str = "exact", linearize: bool = True) -> Formul
                 rr.append(np.array(xr, dtype=np.int64))
                 cc.append(np.array(xc, dtype=np.int64))
                 vv.append(np.array(xv, dtype=float))
-            b.add_rows("budget", sel.size, np.concatenate(rr), np.concatenate(cc), np.concatenate(vv),
-                       -np.inf, budgets[d])
+            b.add_rows(
+                "budget",
+                sel.size,
+                np.concatenate(rr),
+                np.concatenate(cc),
+                np.concatenate(vv),
+                -np.inf,
+                budgets[d],
+            )
 
     # objective: compute cost
     for d in range(D):
@@ -530,6 +646,11 @@ def build(inst: Instance, mode: str = "exact", linearize: bool = True) -> Formul
         f.blocked = (g.nodes[v].name, int(footprint[v]))
     log.info(
         "built %s: %d vars (%d integer), %d rows, %d nonzeros in %.2f s",
-        model.name, model.n_vars, model.n_integer, model.n_rows, model.A.nnz, f.build_time_s,
+        model.name,
+        model.n_vars,
+        model.n_integer,
+        model.n_rows,
+        model.A.nnz,
+        f.build_time_s,
     )
     return f

@@ -102,7 +102,13 @@ def linear_graph(n: int, devices: Sequence[str] = ("cpu",)) -> Graph:
     for i in range(size):
         kind = "fwd" if i < n else ("loss" if i == n else "bwd")
         nodes.append(
-            Node(f"n{i}", kind, 1, {d: 1.0 for d in devices}, fwd_index=(size - 1 - i) if i > n else None)
+            Node(
+                f"n{i}",
+                kind,
+                1,
+                {d: 1.0 for d in devices},
+                fwd_index=(size - 1 - i) if i > n else None,
+            )
         )
     edges = {(i, i + 1) for i in range(size - 1)}
     edges |= {(i, size - 1 - i) for i in range(n)}

@@ -30,7 +30,9 @@ def solve_highs(
     try:
         import highspy
     except ImportError as exc:  # pragma: no cover - highspy is a hard dependency
-        raise SolverUnavailable("solver=highs needs the 'highspy' package: pip install highspy") from exc
+        raise SolverUnavailable(
+            "solver=highs needs the 'highspy' package: pip install highspy"
+        ) from exc
     if model.is_quadratic:
         raise SolverUnavailable(
             "HiGHS cannot take products of variables; build the linearised model "

@@ -97,7 +97,9 @@ class ModelBuilder:
         self._q: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self.row_families: dict[str, tuple[int, int]] = {}
 
-    def add_vars(self, count: int, lb: float | np.ndarray, ub: float | np.ndarray, integer: bool) -> np.ndarray:
+    def add_vars(
+        self, count: int, lb: float | np.ndarray, ub: float | np.ndarray, integer: bool
+    ) -> np.ndarray:
         idx = np.arange(self._n, self._n + count, dtype=np.int64)
         self._lb.append(np.broadcast_to(np.asarray(lb, dtype=float), (count,)).copy())
         self._ub.append(np.broadcast_to(np.asarray(ub, dtype=float), (count,)).copy())

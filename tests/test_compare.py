@@ -1,0 +1,62 @@
+"""The paper's protocol: XEngine against Checkmate on each device with the same total memory."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import RESIDUAL, copy_models
+from xengine.compare import compare
+from xengine.graph.synthetic import training_graph
+from xengine.problem import Instance
+from xengine.solvers import SolverOptions
+
+OPTS = SolverOptions(time_limit_s=60, rel_gap=1e-9)
+
+
+def _split():
+    fwd = {"a": [1.0, 1.0, 10.0, 10.0], "b": [10.0, 10.0, 1.0, 1.0]}
+    return training_graph(
+        "split",
+        [(0, 1), (1, 2), (2, 3)],
+        4,
+        [1000] * 4,
+        fwd,
+        bwd_cost_s={d: [2 * c for c in cs] for d, cs in fwd.items()},
+        loss_cost_s={"a": 0.5, "b": 0.5},
+        copy_models=copy_models(("a", "b")),
+    )
+
+
+def test_protocol_reports_gain_over_fastest_single_device():
+    g = _split()
+    inst = Instance(g, ("a", "b"), (10**6, 10**6))
+    cmp = compare(inst, options=OPTS)
+    assert cmp.xengine.status == "optimal"
+    assert cmp.best_single.strategy == "checkmate"
+    assert cmp.best_single.predicted_time_s == pytest.approx(66.5)
+    assert cmp.gain == pytest.approx((66.5 - 12.53) / 66.5)
+    # every single-device strategy ran on each device with the total memory
+    per_device = {(r.strategy, r.devices) for r in cmp.results if r.strategy != "xengine"}
+    assert ("checkmate", ("a",)) in per_device and ("chen_greedy", ("b",)) in per_device
+    assert all(r.budget_bytes == (2 * 10**6,) for r in cmp.results if r.strategy != "xengine")
+
+
+def test_protocol_names_infeasible_single_devices():
+    g = training_graph(
+        "residual",
+        RESIDUAL,
+        4,
+        [1000, 3000, 1000, 3000],
+        {"a": [1.0] * 4, "b": [1.0] * 4},
+        saves_input=False,
+        copy_models=copy_models(("a", "b")),
+    )
+    # per-device budget 4500: the total 9000 is below what one device alone needs (10000)
+    inst = Instance(g, ("a", "b"), (4500, 4500))
+    cmp = compare(inst, strategies=("xengine", "checkmate"), options=OPTS)
+    assert cmp.infeasible_single == ["a", "b"]
+    assert cmp.best_single is None
+    assert cmp.xengine.status == "infeasible"  # 4500 is below the largest op's footprint
+    inst = Instance(g, ("a", "b"), (9000, 9000))
+    cmp = compare(inst, strategies=("xengine", "checkmate"), options=OPTS)
+    assert cmp.infeasible_single == []  # 18000 total is plenty for one device
