@@ -29,6 +29,11 @@ log = logging.getLogger(__name__)
 TIME_RTOL = 1e-9
 
 
+def _consistent(model, res) -> bool:
+    """The returned point has the objective the solver reports for it."""
+    return bool(np.isclose(model.objective(res.x), res.objective, rtol=1e-7, atol=1e-9))
+
+
 def min_feasible_budget_bytes(graph: Graph) -> tuple[int, int]:
     """``(lower_bound, known_feasible)`` for the smallest activation budget of ``graph``.
 
@@ -41,19 +46,26 @@ def min_feasible_budget_bytes(graph: Graph) -> tuple[int, int]:
     lower = int(graph.node_lower_bound_bytes().max())
     inst = Instance.single(graph, device_name(graph, 0), budget_bytes=None)
     peaks = [
-        int(simulate(inst, schedule_from_checkpoints(graph, keep, inst.devices[0])).peak_bytes.max())
+        int(
+            simulate(inst, schedule_from_checkpoints(graph, keep, inst.devices[0])).peak_bytes.max()
+        )
         for keep in ((), graph.forward_indices)
     ]
     return lower, max(lower, min(peaks))
 
 
-def budget_range_message(graph: Graph) -> str:
+def budget_range_message(graph: Graph, infeasible_at: int | None = None) -> str:
+    """Names the smallest feasible budget, or the range it lies in. ``infeasible_at``: a
+    budget proven infeasible (the smallest feasible one is then above it)."""
     lower, known = min_feasible_budget_bytes(graph)
-    if lower == known:
+    if infeasible_at is not None:
+        lower = max(lower, int(infeasible_at) + 1)
+    if lower >= known:
         return f"the smallest feasible budget is {known} bytes"
+    why = "inputs + output of the largest op" if infeasible_at is None else "proven so"
     return (
-        f"the smallest feasible budget is between {lower} bytes (inputs + output of the "
-        f"largest op) and {known} bytes (a recompute-heavy schedule fits)"
+        f"the smallest feasible budget is between {lower} bytes ({why}) and {known} bytes "
+        "(a recompute-heavy schedule fits)"
     )
 
 
@@ -77,14 +89,27 @@ def solve_checkmate(
     g = inst.graph
     budget = int(inst.budget_bytes[0])
     extra: dict = {}
+    if budget < int(g.node_lower_bound_bytes().max()):
+        # some op's inputs and output alone exceed the budget: no model needs building
+        return StrategyResult(
+            strategy="checkmate",
+            devices=inst.devices,
+            budget_bytes=inst.budget_bytes,
+            status="infeasible",
+            solver=solver,
+            message=f"no schedule of {g.name!r} fits {budget} bytes: " + budget_range_message(g),
+        )
 
     t_heur = time.perf_counter()
     heur = run_heuristics(inst)
     seed = best_fitting(heur)
     extra["heuristics_time_s"] = time.perf_counter() - t_heur
     extra["heuristics"] = {
-        r.strategy: {"time_s": r.sim.time_s, "peak_bytes": int(r.sim.peak_bytes.max()),
-                     "fits": r.sim.within_budget}
+        r.strategy: {
+            "time_s": r.sim.time_s,
+            "peak_bytes": int(r.sim.peak_bytes.max()),
+            "fits": r.sim.within_budget,
+        }
         for r in heur
     }
 
@@ -101,13 +126,32 @@ def solve_checkmate(
             extra["warm_start_violation"] = viol
 
     res = solve(model, solver, options, warm_start=x0, progress=progress)
+    solve_time_s = res.solve_time_s
+    if x0 is not None and res.has_solution and not _consistent(model, res):
+        # HiGHS 1.16 can report the optimum of its presolved model yet hand back the MIP
+        # start as the solution (seen on chain(3) at 4000 bytes: objective 10, x costs 12).
+        # Keep the solver's answer only when x is what it says; otherwise solve cold.
+        log.warning(
+            "%s: solver %s reports objective %.9g but its solution costs %.9g; "
+            "solving again without the warm start",
+            g.name,
+            res.solver,
+            res.objective,
+            model.objective(res.x),
+        )
+        extra["warm_start_discarded"] = (
+            f"solver reported {res.objective:.9g} for a solution costing "
+            f"{model.objective(res.x):.9g}"
+        )
+        res = solve(model, solver, options, warm_start=None, progress=progress)
+        solve_time_s += res.solve_time_s
     out = StrategyResult(
         strategy="checkmate",
         devices=inst.devices,
         budget_bytes=inst.budget_bytes,
         status=res.status,
         solver=res.solver,
-        solve_time_s=res.solve_time_s,
+        solve_time_s=solve_time_s,
         build_time_s=form.build_time_s,
         best_bound_s=(res.best_bound * form.time_scale if res.best_bound is not None else None),
         gap=res.gap,
@@ -116,11 +160,17 @@ def solve_checkmate(
         n_integer=model.n_integer,
         extra=extra,
     )
-    extra.update(solver_message=res.message, time_to_first_s=res.time_to_first_s,
-                 n_nodes=res.n_nodes)
+    extra.update(
+        solver_message=res.message, time_to_first_s=res.time_to_first_s, n_nodes=res.n_nodes
+    )
     log.info(
         "checkmate %s: %s in %.2f s (build %.2f s), %d vars, %d rows",
-        g.name, res.status, res.solve_time_s, form.build_time_s, model.n_vars, model.n_rows,
+        g.name,
+        res.status,
+        res.solve_time_s,
+        form.build_time_s,
+        model.n_vars,
+        model.n_rows,
     )
 
     if not res.has_solution:
@@ -133,9 +183,8 @@ def solve_checkmate(
                     "bytes): the model is wrong for this graph"
                 )
             else:
-                out.message = (
-                    f"no schedule of {g.name!r} fits {budget} bytes: "
-                    + budget_range_message(g)
+                out.message = f"no schedule of {g.name!r} fits {budget} bytes: " + (
+                    budget_range_message(g, infeasible_at=budget)
                 )
         else:
             hint = f"; best heuristic that fits: {seed.strategy}" if seed is not None else ""
@@ -143,6 +192,13 @@ def solve_checkmate(
         return out
 
     x = res.x
+    if not _consistent(model, res):
+        out.status = "error"
+        out.message = (
+            f"solver {res.solver} reports objective {res.objective:.9g} but its solution "
+            f"costs {model.objective(x):.9g}"
+        )
+        return out
     out.objective_s = form.objective_s(x)
     out.model_peak_bytes = form.peak_bytes(x)
     raw = form.schedule_from(x)
@@ -152,14 +208,20 @@ def solve_checkmate(
         out.status = "error"
         out.message = f"the solver's schedule is invalid for the simulator: {exc}"
         return out
-    extra.update(raw_schedule=raw, raw_sim=raw_sim, raw_time_s=raw_sim.time_s,
-                 raw_peak_bytes=int(raw_sim.peak_bytes.max()))
+    extra.update(
+        raw_schedule=raw,
+        raw_sim=raw_sim,
+        raw_time_s=raw_sim.time_s,
+        raw_peak_bytes=int(raw_sim.peak_bytes.max()),
+    )
 
     final = solve_r_opt(g, raw.S, inst.devices[0], drop_unused=True)
     sim = simulate(inst, final, check_budget=False)
     assert sim.time_s <= raw_sim.time_s * (1 + TIME_RTOL) + 1e-12, (sim.time_s, raw_sim.time_s)
     assert int(sim.peak_bytes.max()) <= int(raw_sim.peak_bytes.max()), (
-        sim.peak_bytes, raw_sim.peak_bytes)
+        sim.peak_bytes,
+        raw_sim.peak_bytes,
+    )
     out.schedule, out.sim = final, sim
     if not raw_sim.within_budget:
         out.status = "error"

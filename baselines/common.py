@@ -55,17 +55,18 @@ def _as_stage_matrix(graph: Graph, S: np.ndarray) -> np.ndarray:
 
 def _stage_r(preds: tuple[tuple[int, ...], ...], t: int, s_now: np.ndarray, s_next: np.ndarray):
     """The nodes stage ``t`` must compute: its frontier node, every node that becomes a
-    checkpoint for stage ``t + 1`` without being one now, and, walking down from ``t``, every
-    input of a computed node that is not resident. Inputs precede their readers, so one
-    descending walk closes the set."""
+    checkpoint for stage ``t + 1`` without being one now, and, transitively, every input of a
+    computed node that is not resident (Checkmate walks the stage from ``t`` down; a stack
+    gives the same closure in time proportional to what is computed)."""
     r = np.zeros(s_now.shape[0], dtype=bool)
-    r[t] = True
-    r[: t + 1] |= s_next[: t + 1] & ~s_now[: t + 1]
-    for v in range(t, -1, -1):
-        if r[v]:
-            for u in preds[v]:
-                if not s_now[u]:
-                    r[u] = True
+    resident = s_now.tolist()
+    stack = [t, *np.flatnonzero(s_next[: t + 1] & ~s_now[: t + 1]).tolist()]
+    r[stack] = True
+    while stack:
+        for u in preds[stack.pop()]:
+            if not resident[u] and not r[u]:
+                r[u] = True
+                stack.append(u)
     return r
 
 
@@ -175,8 +176,10 @@ def articulation_points(graph: Graph) -> list[int]:
         if not any(fwd[u] for u in graph.predecessors[v]):
             G.add_edge(src, v)
         succ = graph.successors[v]
-        if not succ or any(graph.nodes[w].kind == "loss" for w in succ) or not any(
-            fwd[w] for w in succ
+        if (
+            not succ
+            or any(graph.nodes[w].kind == "loss" for w in succ)
+            or not any(fwd[w] for w in succ)
         ):
             G.add_edge(v, snk)
     return sorted(v for v in nx.articulation_points(G) if v >= 0)

@@ -87,7 +87,9 @@ def sqrtn_checkpoints(candidates: list[int]) -> list[int]:
     return [v for j, v in enumerate(candidates) if (j + 1) % k == 0]
 
 
-def greedy_checkpoints(inst: Instance, candidates: Iterable[int], segment_bytes: float) -> list[int]:
+def greedy_checkpoints(
+    inst: Instance, candidates: Iterable[int], segment_bytes: float
+) -> list[int]:
     """Walk the forward ops in order, adding up their bytes; checkpoint a candidate as soon as
     the running segment exceeds ``segment_bytes``, then start a new segment."""
     g = inst.graph
@@ -141,8 +143,11 @@ def solve_chen_greedy(inst: Instance) -> StrategyResult:
         tried[keep] = f * scale
         sched = schedule_from_checkpoints(g, keep, dev)
         sim = simulate(inst, sched, check_budget=False)
-        key = (0, sim.time_s, int(sim.peak_bytes.max())) if sim.within_budget else (
-            1, int(sim.peak_bytes.max()), sim.time_s)
+        key = (
+            (0, sim.time_s, int(sim.peak_bytes.max()))
+            if sim.within_budget
+            else (1, int(sim.peak_bytes.max()), sim.time_s)
+        )
         if best is None or key < best[0]:
             best = (key, keep, sched, sim)
     _, keep, sched, sim = best

@@ -64,8 +64,11 @@ def to_cvxpy(model: MilpModel):
             continue
         lhs = A[rows] @ x
         cons.append(
-            lhs == bound[rows] if sense == "==" else lhs >= bound[rows] if sense == ">=" else
-            lhs <= bound[rows]
+            lhs == bound[rows]
+            if sense == "=="
+            else lhs >= bound[rows]
+            if sense == ">="
+            else lhs <= bound[rows]
         )
     prob = cp.Problem(cp.Minimize(model.c @ x + model.offset), cons)
     return prob, x
@@ -124,6 +127,17 @@ def solve_lp_rounding(
     rng = np.random.default_rng(seed)
 
     extra: dict = {"lp": []}
+    lower = int(g.node_lower_bound_bytes().max())
+    if budget < lower:
+        # the relaxation may still be feasible (fractional frees), but no schedule is
+        return StrategyResult(
+            strategy="lp_rounding",
+            devices=inst.devices,
+            budget_bytes=inst.budget_bytes,
+            status="infeasible",
+            solve_time_s=time.perf_counter() - t0,
+            message=f"no schedule of {g.name!r} fits {budget} bytes: " + budget_range_message(g),
+        )
     bound_s = None
     candidates: dict[bytes, tuple[str, np.ndarray]] = {}
     build_s = 0.0
@@ -179,22 +193,30 @@ def solve_lp_rounding(
         if best is None or key < best[0]:
             best = (key, label, sched, sim)
     _, label, sched, sim = best
-    extra.update(lp_objective_s=bound_s, n_candidates=len(candidates), n_within_budget=n_fit,
-                 rounding=label)
+    extra.update(
+        lp_objective_s=bound_s, n_candidates=len(candidates), n_within_budget=n_fit, rounding=label
+    )
     res = evaluate(inst, "lp_rounding", sched, t0, sim=sim, extra=extra)
     res.solver = "cvxpy:HIGHS"
     res.build_time_s = build_s
     res.best_bound_s = bound_s
-    res.gap = relative_gap(sim.time_s, bound_s)
+    res.gap = relative_gap(sim.time_s, bound_s) if sim.within_budget else None
     res.n_vars, res.n_rows = n_vars, n_rows
     if not sim.within_budget:
         res.message = (
             f"no rounding of the LP solution fits (the LP is feasible, so the exact MILP may "
-            f"still find a schedule); the lowest peak ({label}): " + over_budget_message(sim, budget)
+            f"still find a schedule); the lowest peak ({label}): "
+            + over_budget_message(sim, budget)
         )
     log.info(
         "lp_rounding %s: bound %.6g s, kept %s at %.6g s (%d/%d candidates fit), LP %.2f s",
-        g.name, bound_s, label, sim.time_s, n_fit, len(candidates), lp_s,
+        g.name,
+        bound_s,
+        label,
+        sim.time_s,
+        n_fit,
+        len(candidates),
+        lp_s,
     )
     return res
 

@@ -117,7 +117,9 @@ class RunConfig:
 
     @property
     def executes(self) -> bool:
-        return self.execute and not self.solve_only
+        """Schedules are run for real: a model is at hand and the step is a training step
+        (the executor runs training steps; ``mode=infer`` is solve-only)."""
+        return self.execute and not self.solve_only and self.mode == "train"
 
     def memory_specs(self) -> tuple[MemorySpec, ...]:
         """One parsed budget per device (a single value applies to every device)."""
@@ -245,17 +247,36 @@ def _mib_max(values: tuple[int, ...] | None) -> float | None:
 class Tracker(Protocol):
     """Where results go as soon as they exist (``xengine.tracking.MlflowTracker``)."""
 
+    def __enter__(self) -> Tracker: ...
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool: ...
+
+    def params(self, values: Mapping[str, str]) -> None: ...
+
     def metrics(self, values: Mapping[str, float]) -> None: ...
 
     def tags(self, values: Mapping[str, str]) -> None: ...
 
     def json_artifact(self, data: Any, artifact_file: str) -> None: ...
 
+    def text_artifact(self, text: str, artifact_file: str) -> None: ...
+
     def file_artifact(self, path: str | Path, artifact_path: str | None = None) -> None: ...
+
+    def dir_artifacts(self, path: str | Path, artifact_path: str | None = None) -> None: ...
 
 
 class NullTracker:
     """Records nothing (``tracking.enabled=false`` and library use)."""
+
+    def __enter__(self) -> NullTracker:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        return False
+
+    def params(self, values: Mapping[str, str]) -> None:
+        pass
 
     def metrics(self, values: Mapping[str, float]) -> None:
         pass
@@ -266,7 +287,13 @@ class NullTracker:
     def json_artifact(self, data: Any, artifact_file: str) -> None:
         pass
 
+    def text_artifact(self, text: str, artifact_file: str) -> None:
+        pass
+
     def file_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        pass
+
+    def dir_artifacts(self, path: str | Path, artifact_path: str | None = None) -> None:
         pass
 
 
@@ -281,15 +308,41 @@ class Prepared:
     min_budget_bytes: int
     known_feasible_bytes: int | None
     captured: Any = None  # xengine.graph.capture.CapturedModel
+    start_state: StartState | None = None
 
 
-def _keep_all_peak_bytes(graph: Graph) -> int:
-    """The 100 % reference for percentage budgets. It depends on bytes only; a captured graph
-    has no costs yet, so it is evaluated on a zero-cost copy."""
+class StartState:
+    """The random state and the module buffers (batch-norm running statistics) as they were
+    before anything ran. Each measured run (the reference and every schedule) starts from
+    them: a step leaves the state of "after one step" behind (dropout draws, updated
+    statistics), and two runs compare equal only from the same start."""
+
+    def __init__(self, module: Any) -> None:
+        import torch
+
+        self._module = module
+        self._cpu = torch.get_rng_state()
+        self._cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        self._buffers = [b.detach().clone() for b in module.buffers()]
+
+    def restore(self) -> None:
+        import torch
+
+        torch.set_rng_state(self._cpu)
+        if self._cuda is not None:
+            torch.cuda.set_rng_state_all(self._cuda)
+        with torch.no_grad():
+            for b, b0 in zip(self._module.buffers(), self._buffers, strict=True):
+                b.copy_(b0)
+
+
+def _bytes_view(graph: Graph) -> Graph:
+    """``graph`` itself when it has costs, else a zero-cost copy. Memory figures (the
+    keep-everything peak, the smallest feasible budget) depend on bytes only, but they are
+    computed by simulating, which reads costs; a captured graph has none before profiling."""
     if graph.devices:
-        return graph.keep_all_peak_bytes()
-    zero = {"_bytes_only": {v.name: 0.0 for v in graph.nodes}}
-    return graph.with_costs(zero).keep_all_peak_bytes()
+        return graph
+    return graph.with_costs({"cpu": {v.name: 0.0 for v in graph.nodes}})
 
 
 def prepare(cfg: RunConfig) -> Prepared:
@@ -316,6 +369,8 @@ def prepare(cfg: RunConfig) -> Prepared:
         if cfg.execute:
             log.info("graph file given: solve only, nothing is executed")
     else:
+        if cfg.execute and cfg.mode == "infer":
+            log.info("mode=infer: schedules are solved, not executed")
         _check_devices_exist(cfg)
         from xengine.graph.capture import capture_net
 
@@ -337,15 +392,17 @@ def prepare(cfg: RunConfig) -> Prepared:
         )
         graph = captured.graph
 
-    keep_all = _keep_all_peak_bytes(graph)
+    view = _bytes_view(graph)
+    keep_all = view.keep_all_peak_bytes()
     budgets = tuple(s.resolve_bytes(keep_all) for s in specs)
-    lower, known = _min_feasible_budget(graph)
+    lower, known = _min_feasible_budget(view)
     if all(b < lower for b in budgets):
-        known_txt = f"; a schedule is known to exist at {format_bytes(known)}" if known else ""
+        smallest = f"{format_bytes(lower)} ({lower} bytes)"
+        if known is not None and known > lower:
+            smallest += f"; a schedule is known to fit {format_bytes(known)} ({known} bytes)"
         raise BudgetError(
             f"budget {_budget_text(specs, budgets)} is below the smallest feasible budget "
-            f"{format_bytes(lower)} ({lower} bytes) for {graph.name}{known_txt}; the "
-            f"keep-everything peak is {format_bytes(keep_all)}"
+            f"of {graph.name}, {smallest}; the keep-everything peak is {format_bytes(keep_all)}"
         )
     log.info(
         "graph %s: %d nodes, %d edges, keep-all peak %s, smallest feasible budget >= %s, budget %s",
@@ -356,7 +413,8 @@ def prepare(cfg: RunConfig) -> Prepared:
         format_bytes(lower),
         _budget_text(specs, budgets),
     )
-    return Prepared(graph, budgets, keep_all, int(lower), known, captured)
+    start = StartState(captured.module) if captured is not None else None
+    return Prepared(graph, budgets, keep_all, int(lower), known, captured, start)
 
 
 def _budget_text(specs: tuple[MemorySpec, ...], budgets: tuple[int, ...]) -> str:
@@ -606,7 +664,10 @@ def _reference(cfg: RunConfig, prep: Prepared) -> tuple[Any, RunRow]:
     log.info("reference: plain PyTorch step, %d steps after %d warm-up", cfg.n_steps, cfg.warmup)
     row = RunRow(label="pytorch", strategy="pytorch", devices=(cfg.devices[0],), status="reference")
     try:
-        ref = reference_step(prep.captured, n_steps=cfg.n_steps, warmup=cfg.warmup)
+        prep.start_state.restore()
+        ref = reference_step(
+            prep.captured, n_steps=cfg.n_steps, warmup=cfg.warmup, device=cfg.devices[0]
+        )
     except Exception as exc:
         log.warning("reference step failed: %s: %s", type(exc).__name__, exc)
         log.info("reference traceback", exc_info=True)
@@ -637,6 +698,7 @@ def _execute_into(
 
     log.info("%s: executing %d steps after %d warm-up", row.label, cfg.n_steps, cfg.warmup)
     try:
+        prep.start_state.restore()
         ex = execute(prep.captured, inst, res.schedule, n_steps=cfg.n_steps, warmup=cfg.warmup)
     except Exception as exc:
         log.warning("%s: execution failed: %s: %s", row.label, type(exc).__name__, exc)
@@ -645,14 +707,8 @@ def _execute_into(
         return
     row.execution = ex
     _fill_measurement(row, ex)
-    tol = int(getattr(ex, "budget_tolerance_bytes", 0) or 0)
-    over = [
-        f"{d} measured {format_bytes(m)} > budget {format_bytes(b)} + tolerance {format_bytes(tol)}"
-        for d, m, b in zip(row.devices, row.measured_peak_bytes, row.budget_bytes, strict=True)
-        if m > b + tol
-    ]
-    if over:
-        row.note = "; ".join([row.note, *over]) if row.note else "; ".join(over)
+    if ex.violations:  # measured peak above budget + the executor's stated tolerance
+        row.note = "; ".join([row.note, *ex.violations]) if row.note else "; ".join(ex.violations)
     if reference is not None:
         row.grads_match = grads_match(ex, reference, cfg.grad_rtol, cfg.grad_atol)
         if not row.grads_match:

@@ -32,8 +32,14 @@ def _yes_no(x: bool | None) -> str:
 COLUMNS: list[tuple[str, Cell]] = [
     ("strategy", lambda r: r.label),
     ("status", lambda r: r.status),
-    ("pred time ms", lambda r: _num(None if r.predicted_time_s is None else r.predicted_time_s * 1e3, ".2f")),
-    ("meas time ms", lambda r: _num(None if r.measured_time_s is None else r.measured_time_s * 1e3, ".2f")),
+    (
+        "pred time ms",
+        lambda r: _num(None if r.predicted_time_s is None else r.predicted_time_s * 1e3, ".2f"),
+    ),
+    (
+        "meas time ms",
+        lambda r: _num(None if r.measured_time_s is None else r.measured_time_s * 1e3, ".2f"),
+    ),
     ("pred peak MiB", lambda r: _per_device(r.predicted_peak_bytes, MIB, ".2f")),
     ("meas peak MiB", lambda r: _per_device(r.measured_peak_bytes, MIB, ".2f")),
     ("budget MiB", lambda r: _per_device(r.budget_bytes, MIB, ".2f")),
@@ -47,7 +53,10 @@ CSV_FIELDS: list[tuple[str, Callable[[RunRow], object]]] = [
     ("strategy", lambda r: r.label),
     ("devices", lambda r: "+".join(r.devices)),
     ("status", lambda r: r.status),
-    ("predicted_time_ms", lambda r: None if r.predicted_time_s is None else r.predicted_time_s * 1e3),
+    (
+        "predicted_time_ms",
+        lambda r: None if r.predicted_time_s is None else r.predicted_time_s * 1e3,
+    ),
     ("measured_time_ms", lambda r: None if r.measured_time_s is None else r.measured_time_s * 1e3),
     ("predicted_peak_mib", lambda r: _per_device(r.predicted_peak_bytes, MIB, ".6f")),
     ("measured_peak_mib", lambda r: _per_device(r.measured_peak_bytes, MIB, ".6f")),

@@ -61,7 +61,7 @@ def flatten_config(cfg: Any) -> dict[str, str]:
     """Resolved config as ``{"net.name": "resnet18", "strategy": "checkmate,chen_sqrtn", ...}``."""
     from omegaconf import OmegaConf
 
-    data = OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, Mapping) else cfg
+    data = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else cfg
     out: dict[str, str] = {}
 
     def walk(prefix: str, node: Any) -> None:
@@ -92,11 +92,17 @@ def _git_commit(repo: Path) -> dict[str, str]:
     try:
         commit = subprocess.run(
             ["git", "-C", str(repo), "rev-parse", "HEAD"],
-            capture_output=True, text=True, timeout=5, check=True,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, timeout=5, check=True,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return {}
@@ -118,12 +124,14 @@ class MlflowTracker:
         run_name: str,
         tags: Mapping[str, str] | None = None,
         repo: Path | None = None,
+        console_level: int = logging.WARNING,
     ) -> None:
         self.uri = uri
         self.experiment = experiment
         self.run_name = run_name
         self._tags = dict(tags or {})
         self._repo = repo
+        self._console_level = console_level
         self.run_id: str | None = None
         self.client: Any = None
 
@@ -132,6 +140,10 @@ class MlflowTracker:
         from mlflow import MlflowClient
         from mlflow.exceptions import MlflowException
 
+        # MLflow configures its own stderr handler when imported; keep it as quiet as ours
+        # (it would announce database creation and migrations on every fresh store).
+        logging.getLogger("mlflow").setLevel(max(self._console_level, logging.INFO))
+        logging.getLogger("alembic").setLevel(max(self._console_level, logging.INFO))
         self.client = MlflowClient(tracking_uri=self.uri)
         exp = self.client.get_experiment_by_name(self.experiment)
         if exp is None:
@@ -150,7 +162,13 @@ class MlflowTracker:
             tags.update(_git_commit(self._repo))
         run = self.client.create_run(exp_id, run_name=self.run_name, tags=tags)
         self.run_id = run.info.run_id
-        log.info("MLflow run %s (%s) in %s, experiment %r", self.run_id, self.run_name, self.uri, self.experiment)
+        log.info(
+            "MLflow run %s (%s) in %s, experiment %r",
+            self.run_id,
+            self.run_name,
+            self.uri,
+            self.experiment,
+        )
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:

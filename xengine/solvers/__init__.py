@@ -22,11 +22,17 @@ from xengine.solvers.model import (
 
 SOLVERS: dict[str, str] = {
     "highs": "xengine.solvers.highs:solve_highs",
+    "gurobi": "xengine.solvers.gurobi:solve_gurobi",
+    "scip": "xengine.solvers.scip:solve_scip",
+    "cpsat": "xengine.solvers.cpsat:solve_cpsat",
+    "cvxpy": "xengine.solvers.cvxpy_backend:solve_cvxpy",
+    "cvxpy-scip": "xengine.solvers.cvxpy_backend:solve_cvxpy_scip",
+    "cvxpy-gurobi": "xengine.solvers.cvxpy_backend:solve_cvxpy_gurobi",
 }
 """Registered back-ends: name -> 'module:function'. Imported lazily so that a missing optional
 solver only matters when it is asked for."""
 
-QUADRATIC_CAPABLE: set[str] = set()
+QUADRATIC_CAPABLE: set[str] = {"gurobi", "scip"}
 """Back-ends that take products of variables (the paper's MIQP) without linearisation."""
 
 
@@ -53,7 +59,9 @@ def solve(
     warm_start: np.ndarray | None = None,
     progress: ProgressFn | None = None,
 ) -> SolveResult:
-    return _resolve(solver)(model, options or SolverOptions(), warm_start=warm_start, progress=progress)
+    return _resolve(solver)(
+        model, options or SolverOptions(), warm_start=warm_start, progress=progress
+    )
 
 
 __all__ = [

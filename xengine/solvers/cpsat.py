@@ -48,8 +48,13 @@ log = logging.getLogger(__name__)
 
 RTOL = 1e-9  # relative tolerance for "is an integer multiple"
 MAX_RATIO = 2.0**40  # largest integer coefficient (max / gcd) accepted in a row
-_STATUS = {"OPTIMAL": "optimal", "FEASIBLE": "feasible", "INFEASIBLE": "infeasible",
-           "UNKNOWN": "no_solution", "MODEL_INVALID": "error"}
+_STATUS = {
+    "OPTIMAL": "optimal",
+    "FEASIBLE": "feasible",
+    "INFEASIBLE": "infeasible",
+    "UNKNOWN": "no_solution",
+    "MODEL_INVALID": "error",
+}
 
 
 def map_status(name: str) -> str:
@@ -96,10 +101,14 @@ class Integerised:
 
 
 def _ceil(v: float) -> float:
+    if not np.isfinite(v):
+        return float(v)
     return float(math.ceil(v - RTOL * max(1.0, abs(v))))
 
 
 def _floor(v: float) -> float:
+    if not np.isfinite(v):
+        return float(v)
     return float(math.floor(v + RTOL * max(1.0, abs(v))))
 
 
@@ -147,8 +156,8 @@ def integerise(model: MilpModel) -> Integerised:
         r = queue.popleft()
         if cnt[r] != 1:
             continue
-        cols = indices[indptr[r]: indptr[r + 1]]
-        vals = data[indptr[r]: indptr[r + 1]]
+        cols = indices[indptr[r] : indptr[r + 1]]
+        vals = data[indptr[r] : indptr[r + 1]]
         k = np.flatnonzero(rule[cols] < 0)
         if k.size != 1:
             continue
@@ -172,7 +181,7 @@ def integerise(model: MilpModel) -> Integerised:
             continue
         sigma[j], rule[j] = s_j, 1
         ylb[j], yub[j] = _ceil(lo), _floor(hi)
-        for rr in crow[cptr[j]: cptr[j + 1]].tolist():
+        for rr in crow[cptr[j] : cptr[j + 1]].tolist():
             cnt[rr] -= 1
             if eq[rr] and cnt[rr] == 1:
                 queue.append(rr)
@@ -181,14 +190,16 @@ def integerise(model: MilpModel) -> Integerised:
     base = rule >= 0
     for j in np.flatnonzero(rule < 0).tolist():
         lo_j, hi_j = _ceil(lb[j]), _floor(ub[j])
-        if not (np.isfinite(lb[j]) and np.isfinite(ub[j])) or abs(lo_j - lb[j]) > 1e-9 or abs(
-            hi_j - ub[j]
-        ) > 1e-9:
+        if (
+            not (np.isfinite(lb[j]) and np.isfinite(ub[j]))
+            or abs(lo_j - lb[j]) > 1e-9
+            or abs(hi_j - ub[j]) > 1e-9
+        ):
             continue
         bad_up = bad_down = False  # some non-integral row bounds x_j from above / below
-        for r in crow[cptr[j]: cptr[j + 1]].tolist():
-            cols = indices[indptr[r]: indptr[r + 1]]
-            vals = data[indptr[r]: indptr[r + 1]]
+        for r in crow[cptr[j] : cptr[j + 1]].tolist():
+            cols = indices[indptr[r] : indptr[r + 1]]
+            vals = data[indptr[r] : indptr[r + 1]]
             pos = int(np.flatnonzero(cols == j)[0])
             a = float(vals[pos])
             other = np.ones(cols.size, dtype=bool)
@@ -202,8 +213,12 @@ def integerise(model: MilpModel) -> Integerised:
                 good = bool(np.all(np.abs(k - np.round(k)) <= RTOL * np.maximum(1.0, np.abs(k))))
             if good:
                 continue
-            caps_up = (a > 0 and np.isfinite(model.row_ub[r])) or (a < 0 and np.isfinite(model.row_lb[r]))
-            caps_down = (a > 0 and np.isfinite(model.row_lb[r])) or (a < 0 and np.isfinite(model.row_ub[r]))
+            caps_up = (a > 0 and np.isfinite(model.row_ub[r])) or (
+                a < 0 and np.isfinite(model.row_lb[r])
+            )
+            caps_down = (a > 0 and np.isfinite(model.row_lb[r])) or (
+                a < 0 and np.isfinite(model.row_ub[r])
+            )
             bad_up |= bool(caps_up)
             bad_down |= bool(caps_down)
         cj = float(model.c[j])
@@ -224,13 +239,15 @@ def integerise(model: MilpModel) -> Integerised:
 
 
 def scaled_rows(model: MilpModel, sigma: np.ndarray):
-    """Rows over ``y`` with integer coefficients: yields (cols, int coefs, lo, hi) per row and
-    returns the largest relative coefficient rounding error. Raises SolverUnavailable."""
+    """Rows over ``y`` with integer coefficients: a list of (cols, int coefs, lo, hi), the
+    largest relative coefficient rounding error, and the first row no integer point can
+    satisfy (or None). Raises SolverUnavailable when a row cannot be scaled to integers."""
     A = model.A.tocsr().copy()
     A.sum_duplicates()
     A.eliminate_zeros()
     out = []
     worst = 0.0
+    empty_infeasible: int | None = None
     for r in range(model.n_rows):
         lo_r, hi_r = float(model.row_lb[r]), float(model.row_ub[r])
         if not (np.isfinite(lo_r) or np.isfinite(hi_r)):
@@ -239,7 +256,8 @@ def scaled_rows(model: MilpModel, sigma: np.ndarray):
         cols = A.indices[a:b]
         v = A.data[a:b] / sigma[cols]
         if v.size == 0:
-            out.append((cols, [], lo_r, hi_r))
+            if lo_r > 1e-9 or hi_r < -1e-9:
+                empty_infeasible = r if empty_infeasible is None else empty_infeasible
             continue
         g = fgcd(v)
         if g is None:
@@ -253,8 +271,11 @@ def scaled_rows(model: MilpModel, sigma: np.ndarray):
         worst = max(worst, float(np.max(np.abs(k - kr) / np.maximum(np.abs(k), 1.0))))
         lo = _ceil(lo_r / g) if np.isfinite(lo_r) else -np.inf
         hi = _floor(hi_r / g) if np.isfinite(hi_r) else np.inf
+        if lo > hi:  # e.g. 2 y == 1: no integer point
+            empty_infeasible = r if empty_infeasible is None else empty_infeasible
+            continue
         out.append((cols, kr.astype(np.int64).tolist(), lo, hi))
-    return out, worst
+    return out, worst, empty_infeasible
 
 
 def solve_cpsat(
@@ -270,7 +291,9 @@ def solve_cpsat(
     try:
         from ortools.sat.python import cp_model
     except ImportError as exc:
-        raise SolverUnavailable("solver=cpsat needs the 'ortools' package: pip install ortools") from exc
+        raise SolverUnavailable(
+            "solver=cpsat needs the 'ortools' package: pip install ortools"
+        ) from exc
     if model.is_quadratic:
         raise SolverUnavailable(
             "solver=cpsat cannot take products of variables; build the linearised model "
@@ -282,22 +305,34 @@ def solve_cpsat(
         )
     t_build = time.perf_counter()
     integ = integerise(model)
-    rows, worst = scaled_rows(model, integ.sigma)
+    rows, worst, empty_bad = scaled_rows(model, integ.sigma)
     n = model.n_vars
+    why = None
     if np.any(integ.ylb > integ.yub):
-        j = int(np.flatnonzero(integ.ylb > integ.yub)[0])
+        why = f"column {int(np.flatnonzero(integ.ylb > integ.yub)[0])} has no integer value"
+    elif empty_bad is not None:
+        why = f"row {empty_bad} has no integer solution"
+    if why is not None:
         return SolveResult(
-            solver="cpsat", status="infeasible", x=None, objective=None, best_bound=None,
-            gap=None, solve_time_s=0.0,
-            message=f"column {j} has no integer value within its bounds",
+            solver="cpsat",
+            status="infeasible",
+            x=None,
+            objective=None,
+            best_bound=None,
+            gap=None,
+            solve_time_s=0.0,
+            message=why,
         )
     m = cp_model.CpModel()
     ys = [m.new_int_var(int(integ.ylb[j]), int(integ.yub[j]), f"y{j}") for j in range(n)]
     for cols, coefs, lo, hi in rows:
-        lo_i = int(lo) if np.isfinite(lo) else cp_model.INT_MIN
-        hi_i = int(hi) if np.isfinite(hi) else cp_model.INT_MAX
         expr = cp_model.LinearExpr.weighted_sum([ys[c] for c in cols.tolist()], coefs)
-        m.add_linear_constraint(expr, lo_i, hi_i)
+        if np.isfinite(lo) and np.isfinite(hi):
+            m.add_linear_constraint(expr, int(lo), int(hi))
+        elif np.isfinite(hi):
+            m.add(expr <= int(hi))
+        else:
+            m.add(expr >= int(lo))
     cobj = model.c / integ.sigma
     nz = np.flatnonzero(cobj)
     m.minimize(
@@ -325,7 +360,11 @@ def solve_cpsat(
     log.info(
         "cpsat: %d vars (%d resolved by equalities, %d implied integer), %d rows, max coefficient "
         "rounding %.1e, built in %.2f s",
-        n, int((integ.rule == 1).sum()), int((integ.rule == 2).sum()), len(rows), worst,
+        n,
+        int((integ.rule == 1).sum()),
+        int((integ.rule == 2).sum()),
+        len(rows),
+        worst,
         time.perf_counter() - t_build,
     )
 
@@ -346,17 +385,12 @@ def solve_cpsat(
     status = map_status(name)
     xv = None
     if status in ("optimal", "feasible"):
-        y = np.array(solver.values(ys), dtype=float) if hasattr(solver, "values") else None
-        if y is None or y.shape != (n,):
-            y = np.array([solver.value(v) for v in ys], dtype=float)
+        y = np.array([solver.value(v) for v in ys], dtype=float)
         xv = y / integ.sigma
     obj = model.objective(xv) if xv is not None else None
     bound = float(solver.best_objective_bound) if status in ("optimal", "feasible") else None
-    if status == "no_solution":
-        b = float(solver.best_objective_bound)
-        bound = b if np.isfinite(b) else None
     msg = name
-    if worst > 0:
+    if worst > 1e-12:
         msg += f"; max relative coefficient rounding {worst:.1e}"
     if xv is not None:
         viol = model.max_violation(xv)

@@ -50,8 +50,16 @@ _LIMITS = {
     16: "work limit",
     17: "memory limit",
 }
-_NAMES = {1: "loaded", 2: "optimal", 3: "infeasible", 4: "infeasible or unbounded",
-          5: "unbounded", 6: "cutoff", 12: "numeric trouble", 14: "in progress"}
+_NAMES = {
+    1: "loaded",
+    2: "optimal",
+    3: "infeasible",
+    4: "infeasible or unbounded",
+    5: "unbounded",
+    6: "cutoff",
+    12: "numeric trouble",
+    14: "in progress",
+}
 
 
 def map_status(code: int, sol_count: int) -> str:
@@ -71,7 +79,9 @@ def status_name(code: int) -> str:
     return _LIMITS.get(code) or _NAMES.get(code) or f"status {code}"
 
 
-def licence_message(model: MilpModel, grb_vars: int | None = None, grb_rows: int | None = None) -> str:
+def licence_message(
+    model: MilpModel, grb_vars: int | None = None, grb_rows: int | None = None
+) -> str:
     """One line: the model's size, the size-limited licence's limits, and how to proceed."""
     quad = model.is_quadratic
     seen = ""
@@ -115,7 +125,9 @@ def solve_gurobi(
         import gurobipy as gp
         from gurobipy import GRB
     except ImportError as exc:
-        raise SolverUnavailable("solver=gurobi needs the 'gurobipy' package: pip install gurobipy") from exc
+        raise SolverUnavailable(
+            "solver=gurobi needs the 'gurobipy' package: pip install gurobipy"
+        ) from exc
 
     try:
         env = gp.Env(empty=True)
@@ -159,7 +171,11 @@ def solve_gurobi(
         grb_vars, grb_rows = m.NumVars, m.NumConstrs
         log.info(
             "gurobi: %d vars, %d rows (%d as Gurobi rows), %d products, built in %.2f s",
-            n, model.n_rows, grb_rows, model.q_val.size, time.perf_counter() - t_build,
+            n,
+            model.n_rows,
+            grb_rows,
+            model.q_val.size,
+            time.perf_counter() - t_build,
         )
 
         t0 = time.perf_counter()
@@ -198,8 +214,13 @@ def solve_gurobi(
             if exc.errno == SIZE_LIMIT_ERRNO:
                 raise SolverUnavailable(licence_message(model, grb_vars, grb_rows)) from exc
             return SolveResult(
-                solver="gurobi", status="error", x=None, objective=None, best_bound=None,
-                gap=None, solve_time_s=time.perf_counter() - t0,
+                solver="gurobi",
+                status="error",
+                x=None,
+                objective=None,
+                best_bound=None,
+                gap=None,
+                solve_time_s=time.perf_counter() - t0,
                 message=f"Gurobi error {exc.errno}: {exc}",
             )
         elapsed = time.perf_counter() - t0

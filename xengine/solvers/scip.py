@@ -74,7 +74,9 @@ def solve_scip(
         from pyscipopt import SCIP_EVENTTYPE, Eventhdlr, Model
         from pyscipopt.scip import Expr, ExprCons, Term
     except ImportError as exc:
-        raise SolverUnavailable("solver=scip needs the 'pyscipopt' package: pip install pyscipopt") from exc
+        raise SolverUnavailable(
+            "solver=scip needs the 'pyscipopt' package: pip install pyscipopt"
+        ) from exc
 
     t_build = time.perf_counter()
     s = Model(model.name)
@@ -110,7 +112,9 @@ def solve_scip(
     if model.is_quadratic:
         z = s.addVar("z_products", vtype="C", lb=None, ub=None)
         q: dict = {Term(z): 1.0}
-        for i, j, v in zip(model.q_i.tolist(), model.q_j.tolist(), model.q_val.tolist(), strict=True):
+        for i, j, v in zip(
+            model.q_i.tolist(), model.q_j.tolist(), model.q_val.tolist(), strict=True
+        ):
             key = Term(xs[i], xs[j])
             q[key] = q.get(key, 0.0) - v
         s.addCons(ExprCons(Expr(q), lhs=0.0), name="products")
@@ -156,14 +160,23 @@ def solve_scip(
     s.includeEventhdlr(_Progress(), "xengine_progress", "reports improving incumbents")
     log.info(
         "scip: %d vars, %d rows, %d products, built in %.2f s",
-        n, model.n_rows, model.q_val.size, t0 - t_build,
+        n,
+        model.n_rows,
+        model.q_val.size,
+        t0 - t_build,
     )
     try:
         s.optimize()
     except Exception as exc:  # noqa: BLE001 - SCIP errors surface as generic exceptions
         return SolveResult(
-            solver="scip", status="error", x=None, objective=None, best_bound=None, gap=None,
-            solve_time_s=time.perf_counter() - t0, message=f"SCIP error: {exc}",
+            solver="scip",
+            status="error",
+            x=None,
+            objective=None,
+            best_bound=None,
+            gap=None,
+            solve_time_s=time.perf_counter() - t0,
+            message=f"SCIP error: {exc}",
         )
     elapsed = time.perf_counter() - t0
     raw = s.getStatus()

@@ -1,0 +1,446 @@
+"""``python run.py``: config, bad input, MLflow records, and the pipeline behind it.
+
+CLI tests run ``run.py`` as a subprocess on small graph JSON files (solve only) with results
+and the MLflow store under ``tmp_path``; the run on a real (tiny) network is marked ``slow``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from baselines.checkmate import min_feasible_budget_bytes
+from xengine.graph.io import graph_to_dict, save_graph
+from xengine.graph.synthetic import chain
+from xengine.graph.types import CopyModel
+from xengine.pipeline import (
+    STRATEGIES,
+    BudgetError,
+    ConfigError,
+    RunConfig,
+    StrategySpec,
+    prepare,
+    run_pipeline,
+)
+from xengine.problem import Instance
+from xengine.result import StrategyResult
+from xengine.schedule import Schedule
+from xengine.simulate import simulate
+from xengine.solvers import SolverUnavailable
+from xengine.tracking import flatten_config, resolve_tracking_uri
+from xengine.units import MemorySpecError
+
+REPO = Path(__file__).resolve().parents[1]
+MIB = 2**20
+
+
+def _chain_graph(devices=("cpu",)):
+    """13 nodes, 1 MiB per tensor: keep-all peak 8 MiB, smallest feasible budget 4 MiB."""
+    g = chain(6, bytes_per_layer=MIB, cost_s=1e-3, devices=devices)
+    if len(devices) > 1:
+        copy = {(a, b): CopyModel(1e-4, 1e9) for a in devices for b in devices if a != b}
+        g = type(g)(g.name, g.nodes, g.edges, copy_models=copy)
+    return g
+
+
+@pytest.fixture
+def graph_file(tmp_path):
+    path = tmp_path / "chain.json"
+    save_graph(_chain_graph(), path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def empty_store(tmp_path_factory) -> Path:
+    """An initialised, empty MLflow SQLite store: creating one runs ~80 schema migrations
+    (seconds), so tests that record a run start from a copy of this one."""
+    from mlflow import MlflowClient
+
+    db = tmp_path_factory.mktemp("store") / "mlflow.db"
+    MlflowClient(f"sqlite:///{db}").search_experiments()
+    return db
+
+
+@pytest.fixture
+def store(tmp_path, empty_store) -> Path:
+    db = tmp_path / "mlflow.db"
+    shutil.copy(empty_store, db)
+    return db
+
+
+def run_cli(tmp_path: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    cmd = [
+        sys.executable,
+        str(REPO / "run.py"),
+        f"results_dir={tmp_path / 'results'}",
+        f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
+        *args,
+    ]
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp_path, env=env
+    )
+
+
+def _search_runs(tmp_path: Path):
+    import mlflow
+
+    before = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    try:
+        return mlflow.search_runs(experiment_names=["xengine"])
+    finally:
+        mlflow.set_tracking_uri(before)
+
+
+# --------------------------------------------------------------------------- bad input
+def _cycle_file(tmp_path: Path) -> Path:
+    data = graph_to_dict(_chain_graph())
+    data["links"].append({"source": 3, "target": 1})  # f3 -> f1 closes f1 -> f2 -> f3
+    path = tmp_path / "cycle.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _missing_node_file(tmp_path: Path) -> Path:
+    data = graph_to_dict(_chain_graph())
+    data["links"][2]["target"] = 99
+    path = tmp_path / "missing.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+BAD_INPUT = [
+    # (args, words the one line must contain); {graph} is the chain graph file
+    (["graph={graph}", "mem=2XB"], ["2XB", "unit"]),
+    (["graph={graph}", "mem=-1GB"], ["-1GB", "negative"]),
+    (["graph={graph}", "mem=3MiB"], ["smallest feasible budget", "4194304 bytes"]),
+    (["graph={graph}", "solver=nosuchsolver"], ["unknown solver", "nosuchsolver", "highs"]),
+    (["graph={graph}", "solver.name=nosuchsolver"], ["unknown solver", "nosuchsolver"]),
+    (["graph={graph}", "strategy=[checkmate,nosuch]"], ["unknown strategy", "nosuch"]),
+    (["graph={graph}", "devices=[cpu,cuda]"], ["cuda", "no cost"]),
+    (["net=nosuchnet"], ["unknown net", "nosuchnet", "resnet18"]),
+    (["graph={cycle}", "mem=5MiB"], ["cycle.json", "cycle", "'f1'", "'f2'", "'f3'"]),
+    (["graph={missing}", "mem=5MiB"], ["missing.json", "links[2].target", "99"]),
+    (["graph={tmp}/nowhere.json"], ["nowhere.json", "does not exist"]),
+]
+
+
+@pytest.mark.parametrize("args, words", BAD_INPUT, ids=[" ".join(a) for a, _ in BAD_INPUT])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, graph_file, args, words):
+    paths = {
+        "graph": graph_file,
+        "cycle": _cycle_file(tmp_path),
+        "missing": _missing_node_file(tmp_path),
+        "tmp": tmp_path,
+    }
+    proc = run_cli(tmp_path, *(a.format(**paths) for a in args))
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ")
+    for w in words:
+        assert w in lines[0]
+    assert proc.stdout == ""
+    assert not (tmp_path / "mlflow.db").exists()  # bad input records nothing
+
+
+def test_budget_error_names_the_smallest_budget(graph_file):
+    # the number in the message is min_feasible_budget_bytes' lower bound, not a guess
+    lower, _ = min_feasible_budget_bytes(_chain_graph())
+    with pytest.raises(BudgetError, match=f"{lower} bytes"):
+        prepare(RunConfig(graph_path=str(graph_file), mem=(f"{lower - 1}B",)))
+    assert prepare(RunConfig(graph_path=str(graph_file), mem=(f"{lower}B",))).budget_bytes == (
+        lower,
+    )
+
+
+@pytest.mark.parametrize(
+    "cfg, error",
+    [
+        (RunConfig(mem=("2XB",)), MemorySpecError),
+        (RunConfig(mode="both"), ConfigError),
+        (RunConfig(devices=("cpu", "cpu")), ConfigError),
+        (RunConfig(devices=("cpu", "cpu1"), mem=("1GB", "2GB", "3GB")), ConfigError),
+        (RunConfig(strategies=()), ConfigError),
+        (RunConfig(solver="nosuch"), SolverUnavailable),
+        (RunConfig(n_steps=0), ConfigError),
+        (RunConfig(formulation="fast"), ConfigError),
+    ],
+)
+def test_config_validation(cfg, error):
+    with pytest.raises(error):
+        cfg.validate()
+
+
+def test_heuristics_only_need_no_solver():
+    RunConfig(solver="nosuch", strategies=("chen_sqrtn",)).validate()
+
+
+# --------------------------------------------------------------------------- a real run
+def test_solve_only_run_logs_one_mlflow_run(tmp_path, graph_file, store):
+    proc = run_cli(tmp_path, f"graph={graph_file}", "mem=70%", "solver.time_limit_s=60")
+    assert proc.returncode == 0, proc.stderr
+    # stdout is the table and nothing else
+    out = proc.stdout.strip().splitlines()
+    assert out[0].startswith(str(graph_file)) and "70%" in out[0]
+    assert out[1].split()[:2] == ["strategy", "status"]
+    labels = [line.split()[0] for line in out[3:8]]
+    assert labels == ["checkmate", "lp_rounding", "checkpoint_all", "chen_sqrtn", "chen_greedy"]
+    assert "Traceback" not in proc.stderr
+
+    runs = _search_runs(tmp_path)
+    assert len(runs) == 1
+    run = runs.iloc[0]
+    assert run["status"] == "FINISHED"
+    assert run["tags.xe.status"] == "ok"
+    assert run["params.graph"] == str(graph_file)
+    assert run["params.mem"] == "70%"
+    assert run["params.solver.name"] == "highs"
+    assert run["params.solver.time_limit_s"] == "60"
+    assert run["params.strategy"] == "checkmate,lp_rounding,checkpoint_all,chen_sqrtn,chen_greedy"
+    assert run["tags.xe.status.checkmate"] == "optimal"
+    assert run["metrics.checkmate/budget_mib"] == pytest.approx(0.7 * 8)
+    assert run["metrics.checkmate/gap"] == pytest.approx(0, abs=1e-3)
+    assert run["metrics.graph/num_nodes"] == 13
+    for key in ("predicted_time_ms", "predicted_peak_mib", "solve_time_s"):
+        assert f"metrics.checkmate/{key}" in runs.columns
+    assert "metrics.checkmate/measured_time_ms" not in runs.columns  # solve only
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    art = Path(client.download_artifacts(run["run_id"], "", str(tmp_path / "art")))
+    names = {str(p.relative_to(art)) for p in art.rglob("*") if p.is_file()}
+    assert {"config.yaml", "table.csv", "run.log", "hydra/overrides.yaml"} <= names
+    assert {f"schedules/{s}.json" for s in labels} <= names
+    assert (art / "table.csv").read_text().splitlines()[0].startswith("strategy,devices,status")
+
+    # the logged schedule, replayed by the simulator, gives the logged prediction
+    g = _chain_graph()
+    budget = int(round(0.7 * 8 * MIB))
+    inst = Instance.single(g, "cpu", budget)
+    sched = Schedule.from_json(json.loads((art / "schedules/checkmate.json").read_text()))
+    sim = simulate(inst, sched)
+    assert sim.time_s * 1e3 == pytest.approx(run["metrics.checkmate/predicted_time_ms"])
+    assert sim.peak_bytes.max() / MIB == pytest.approx(run["metrics.checkmate/predicted_peak_mib"])
+    assert sim.peak_bytes.max() <= budget
+    # under a budget below the keep-all peak, the optimum recomputes; checkpoint-all cannot fit
+    assert sim.n_recomputes > 0
+    assert run["tags.xe.status.checkpoint_all"] == "infeasible"
+
+
+def test_tracking_uri_from_environment(tmp_path, graph_file, empty_store):
+    env_db = tmp_path / "env.db"
+    shutil.copy(empty_store, env_db)
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{env_db}"}
+    cmd = [sys.executable, str(REPO / "run.py"), f"results_dir={tmp_path / 'r'}",
+           f"graph={graph_file}", "strategy=[chen_sqrtn]"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert len(MlflowClient(f"sqlite:///{env_db}").search_runs(["1"])) == 1
+    assert not (tmp_path / "r" / "mlflow.db").exists()
+
+
+def test_tracking_uri_precedence(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert resolve_tracking_uri(None, tmp_path) == f"sqlite:///{tmp_path.resolve()}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    assert resolve_tracking_uri(None, tmp_path) == "http://127.0.0.1:5000"
+    assert resolve_tracking_uri("sqlite:///x.db", tmp_path) == "sqlite:///x.db"
+
+
+def test_flatten_config():
+    flat = flatten_config(
+        {"net": {"name": "tiny", "batch_size": 2}, "strategy": ["a", "b"], "g": None}
+    )
+    assert flat == {"net.name": "tiny", "net.batch_size": "2", "strategy": "a,b", "g": "null"}
+
+
+# --------------------------------------------------------------------------- config
+def test_default_config_composes_to_the_documented_defaults():
+    from hydra import compose, initialize_config_dir
+
+    sys.path.insert(0, str(REPO))
+    try:
+        import run
+    finally:
+        sys.path.remove(str(REPO))
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config")
+        rc = run.run_config_from(cfg)
+        over = run.run_config_from(
+            compose(
+                config_name="config",
+                overrides=["net=resnet50", "mem=2GB", "solver=gurobi", "solver.time_limit_s=60",
+                           "devices=[cpu,cuda]", "mode=infer", "execute=false"],
+            )
+        )  # fmt: skip
+    assert (rc.net, rc.batch_size, rc.image_size, rc.mode) == ("resnet18", 4, 224, "train")
+    assert rc.devices == ("cpu",) and rc.mem == ("70%",) and rc.solver == "highs"
+    assert rc.strategies == (
+        "checkmate",
+        "lp_rounding",
+        "checkpoint_all",
+        "chen_sqrtn",
+        "chen_greedy",
+    )
+    assert rc.execute and rc.n_steps == 5
+    assert Path(rc.profile_cache_dir) == REPO / "results" / "cache" / "profiles"
+    assert (over.net, over.mem, over.solver, over.mode, over.execute) == (
+        "resnet50", ("2GB",), "gurobi", "infer", False,
+    )  # fmt: skip
+    assert over.solver_options.time_limit_s == 60.0
+    assert over.devices == ("cpu", "cuda")
+
+
+def test_every_net_config_names_a_capturable_net():
+    from xengine.graph.capture import TORCHVISION_NETS
+
+    names = {p.stem for p in (REPO / "conf" / "net").glob("*.yaml")}
+    assert names <= set(TORCHVISION_NETS)
+    assert {"resnet18", "resnet50", "tiny"} <= names
+
+
+# --------------------------------------------------------------------------- the pipeline
+class Recorder:
+    """A tracker that keeps what it is given."""
+
+    def __init__(self):
+        self.metrics_, self.tags_, self.artifacts = {}, {}, {}
+
+    def metrics(self, values):
+        self.metrics_.update(values)
+
+    def tags(self, values):
+        self.tags_.update(values)
+
+    def json_artifact(self, data, artifact_file):
+        self.artifacts[artifact_file] = data
+
+    def file_artifact(self, path, artifact_path=None):
+        self.artifacts[Path(path).name] = Path(path).read_text()
+
+
+def _fake(status, with_schedule=False, raises=None):
+    def solve(inst, **kwargs):
+        if raises is not None:
+            raise raises
+        res = StrategyResult(
+            "fake", inst.devices, inst.budget_bytes, status, solver="highs", gap=0.25
+        )
+        if with_schedule:
+            from xengine.schedule import keep_all_schedule
+
+            res.schedule = keep_all_schedule(inst)
+        return res
+
+    return solve
+
+
+@pytest.fixture
+def fake_strategies(monkeypatch):
+    import xengine.pipeline as pipeline
+
+    fakes = {
+        "nothing": _fake("no_solution"),
+        "crash": _fake("optimal", raises=RuntimeError("solver blew up")),
+        "limit": _fake("feasible", with_schedule=True),
+    }
+    for name in fakes:
+        monkeypatch.setitem(STRATEGIES, name, StrategySpec(f"fake:{name}", True, True))
+    real_load = pipeline._load
+    monkeypatch.setattr(
+        pipeline, "_load", lambda t: fakes[t[5:]] if t.startswith("fake:") else real_load(t)
+    )
+
+
+def test_failures_and_missing_incumbents_are_recorded_and_the_run_goes_on(
+    graph_file, fake_strategies
+):
+    rec = Recorder()
+    cfg = RunConfig(
+        graph_path=str(graph_file),
+        mem=("100%",),
+        strategies=("crash", "nothing", "limit", "chen_sqrtn"),
+    )
+    rows = run_pipeline(cfg, rec)
+    by = {r.label: r for r in rows}
+    assert [r.label for r in rows] == ["crash", "nothing", "limit", "chen_sqrtn"]
+    assert by["crash"].status == "error" and "solver blew up" in by["crash"].note
+    assert rec.tags_["xe.status.crash"] == "error"
+    assert "solver blew up" in rec.tags_["xe.note.crash"]
+    assert by["nothing"].status == "no_solution" and by["nothing"].predicted_time_s is None
+    assert rec.tags_["xe.status.nothing"] == "no_solution"
+    # a time-limited incumbent is kept, simulated by the pipeline, and its gap reported
+    assert by["limit"].status == "feasible"
+    assert by["limit"].predicted_time_s == pytest.approx(6 * 1e-3 + 6 * 2e-3)  # keep-all
+    assert rec.metrics_["limit/gap"] == 0.25
+    assert "schedules/limit.json" in rec.artifacts
+    assert by["chen_sqrtn"].status == "feasible"
+
+
+def test_several_devices_run_single_device_baselines_per_device_and_xengine(tmp_path):
+    path = tmp_path / "two.json"
+    save_graph(_chain_graph(devices=("cpu", "cuda")), path)
+    cfg = RunConfig(
+        graph_path=str(path),
+        devices=("cpu", "cuda"),
+        mem=("5MiB", "4MiB"),
+        strategies=("xengine", "checkmate", "chen_sqrtn"),
+    )
+    rec = Recorder()
+    rows = run_pipeline(cfg, rec)
+    labels = [r.label for r in rows]
+    assert labels == [
+        "checkmate.cpu",
+        "checkmate.cuda",
+        "chen_sqrtn.cpu",
+        "chen_sqrtn.cuda",
+        "xengine",
+    ]
+    by = {r.label: r for r in rows}
+    assert by["xengine"].budget_bytes == (5 * MIB, 4 * MIB)
+    assert by["checkmate.cuda"].budget_bytes == (4 * MIB,)
+    # XEngine is never worse than the best single-device Checkmate schedule (its warm start)
+    best = min(by[k].predicted_time_s for k in ("checkmate.cpu", "checkmate.cuda"))
+    assert by["xengine"].predicted_time_s <= best * (1 + 1e-6)
+    assert "xengine/predicted_peak_mib.cuda" in rec.metrics_
+
+
+def test_infer_mode_on_a_graph_file_keeps_the_forward_part(graph_file):
+    prep = prepare(RunConfig(graph_path=str(graph_file), mode="infer", mem=("100%",)))
+    assert [v.kind for v in prep.graph.nodes] == ["fwd"] * 6
+
+
+# --------------------------------------------------------------------------- real network
+@pytest.mark.slow
+def test_tiny_net_end_to_end(tmp_path, store):
+    """capture -> profile -> solve -> execute -> compare gradients, logged to MLflow."""
+    proc = run_cli(
+        tmp_path,
+        "net=tiny",
+        "mem=80%",
+        "n_steps=2",
+        "profile.repeats=2",
+        "profile.progress=false",
+        "solver.time_limit_s=60",
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr
+    runs = _search_runs(tmp_path)
+    assert len(runs) == 1
+    run = runs.iloc[0]
+    assert run["tags.xe.status"] == "ok", run.filter(like="tags.xe").to_dict()
+    assert run["params.net.name"] == "tiny"
+    for s in ("pytorch", "checkmate", "chen_sqrtn"):
+        assert run[f"metrics.{s}/measured_time_ms"] > 0
+        assert run[f"metrics.{s}/measured_peak_mib"] > 0
+    assert run["metrics.checkmate/grads_match"] == 1.0
+    assert run["tags.xe.profile_source"]
+    assert "grads match" in proc.stdout

@@ -1,0 +1,973 @@
+"""Run any valid schedule for one training step with torch, and measure it (DESIGN.md section 8).
+
+The executor performs exactly ``simulate(inst, sched).ops``, in order:
+
+* ``compute v on d``: run node ``v`` with the tensors the executor provides on ``d`` (its
+  *registers*, plus the transient copies made for this compute), store the result in ``d``'s
+  register for ``v`` and drop the transient copies;
+* ``copy u to d``: make a transient copy of ``u``'s register on ``d`` (a real clone between
+  logical CPU devices, a transfer to or from CUDA);
+* ``free u on d``: drop the register.
+
+Nothing else keeps tensors alive. A forward op runs on fresh leaves that alias its inputs'
+storage (emptied once the op has run, so they keep nothing alive); what autograd saves for an
+input or for the output is not a reference but a lookup, at backward time, into the registers
+of the device the backward runs on (``saved_tensors_hooks``). Only tensors that belong to the op
+alone (pooling indices, batch-norm statistics, dropout masks) are held by the op's autograd
+state and are freed with its register.
+
+A backward node ``B_v`` calls ``torch.autograd.grad`` on ``F_v``'s output with the sum of the
+gradient contributions of ``v``'s consumers, keeping ``F_v``'s graph (a backward node may be
+recomputed). Parameter gradients are accumulated into preallocated ``.grad`` buffers on the
+first computation of ``B_v`` in the step only. Recomputation is free of side effects: a
+stochastic op replays the random state of its first run, and an op that updates module buffers
+(batch-norm running statistics) has them restored after a recomputation.
+
+Devices: ``cpu`` (all threads), ``cpu<k>`` (a logical CPU device running with ``k`` threads:
+the paper's CPU sub-devices; they share the parameters), ``cuda`` / ``cuda:<i>`` (a copy of the
+model per CUDA device). Memory peaks come from the allocator: the CUDA caching allocator's
+statistics, and for CPU devices the allocation events of ``torch.profiler`` (one extra step),
+attributed to the device whose instruction was running, frees to the device that allocated
+the address.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import re
+import statistics
+import time
+import weakref
+from collections.abc import Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from xengine.graph.capture import CapturedModel, alias_leaf, fixed_storage_ptrs, storage_ptr
+from xengine.problem import Instance
+from xengine.schedule import Schedule
+from xengine.simulate import Op, simulate
+
+log = logging.getLogger(__name__)
+
+LABEL_PREFIX = "xe|"
+# What the allocator may show above the simulator's model: temporaries inside an op (im2col
+# buffers, reordered weights, the sum of a backward op's gradient contributions) that the
+# graph does not list. Stated per device as max(TOLERANCE_MIN_BYTES, TOLERANCE_FRACTION * budget
+# or predicted peak).
+TOLERANCE_FRACTION = 0.10
+TOLERANCE_MIN_BYTES = 4 * 2**20
+
+
+# ---------------------------------------------------------------------- devices
+@dataclass(frozen=True)
+class DeviceSpec:
+    name: str
+    torch_device: torch.device
+    threads: int | None  # CPU devices: intra-op threads while this device runs
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.torch_device.type == "cuda"
+
+
+_CPU_RE = re.compile(r"^cpu(\d+)?$")
+_CUDA_RE = re.compile(r"^cuda(?::(\d+))?$")
+
+
+def parse_device(name: str, default_threads: int | None = None) -> DeviceSpec:
+    """``cpu``, ``cpu<k>`` (k threads), ``cuda`` or ``cuda:<i>``; anything else is an error."""
+    m = _CPU_RE.match(name)
+    if m:
+        k = int(m.group(1)) if m.group(1) else (default_threads or torch.get_num_threads())
+        if k < 1:
+            raise ValueError(f"device {name!r}: a CPU device needs at least one thread")
+        return DeviceSpec(name, torch.device("cpu"), k)
+    m = _CUDA_RE.match(name)
+    if m:
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"device {name!r} is named but torch sees no CUDA device on this machine; "
+                "use a machine with a GPU or a device mix without CUDA"
+            )
+        idx = int(m.group(1) or 0)
+        if idx >= torch.cuda.device_count():
+            raise ValueError(
+                f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) present"
+            )
+        return DeviceSpec(name, torch.device("cuda", idx), None)
+    raise ValueError(f"unknown device {name!r}: use 'cpu', 'cpu<threads>', 'cuda' or 'cuda:<i>'")
+
+
+def _get_rng(dev: torch.device) -> torch.Tensor:
+    return torch.cuda.get_rng_state(dev) if dev.type == "cuda" else torch.get_rng_state()
+
+
+def _set_rng(dev: torch.device, state: torch.Tensor) -> None:
+    if dev.type == "cuda":
+        torch.cuda.set_rng_state(state, dev)
+    else:
+        torch.set_rng_state(state)
+
+
+def _sync(devs: Sequence[DeviceSpec]) -> None:
+    for d in devs:
+        if d.is_cuda:
+            torch.cuda.synchronize(d.torch_device)
+
+
+# ---------------------------------------------------------------------- saved tensors
+class _Saved:
+    """What autograd keeps for one saved tensor: the tensor itself (a parameter, or an extra
+    that belongs to the op) or, for an input or the output, where to find it at backward time.
+    """
+
+    __slots__ = ("tensor", "rt", "device", "node", "size", "stride", "delta")
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.tensor: torch.Tensor | None = t
+        self.rt = None
+
+    def to_lookup(self, rt: _Runtime, device: str, node: int, base: torch.Tensor) -> None:
+        t = self.tensor
+        assert t is not None
+        self.size, self.stride = tuple(t.size()), tuple(t.stride())
+        self.delta = t.storage_offset() - base.storage_offset()
+        self.rt, self.device, self.node = weakref.ref(rt), device, node
+        self.tensor = None
+
+    def get(self) -> torch.Tensor:
+        if self.tensor is not None:
+            return self.tensor
+        rt = self.rt() if self.rt is not None else None
+        if rt is None:
+            raise RuntimeError("the executor that ran this op is gone")
+        base = rt.fwd_tensor(self.device, self.node)
+        return base.detach().as_strided(self.size, self.stride, base.storage_offset() + self.delta)
+
+
+def _pack_into(handles: list[_Saved]):
+    def pack(t: torch.Tensor) -> _Saved:
+        h = _Saved(t)
+        handles.append(h)
+        return h
+
+    return pack
+
+
+def _unpack(h: _Saved) -> torch.Tensor:
+    return h.get()
+
+
+@dataclass
+class _FwdBundle:
+    """A forward op's register: its output (with its autograd graph) and the gradient edges of
+    its inputs (their leaves are emptied)."""
+
+    y: torch.Tensor
+    edges: dict[int, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------- the runtime
+class _Runtime:
+    """Registers, per-device models and the per-node runners. The executor drives it with a
+    simulator op list; the profiler times its ``compute`` and ``copy_tensor`` directly."""
+
+    def __init__(self, cap: CapturedModel, devices: Sequence[str]) -> None:
+        self.cap = cap
+        self.train = cap.mode == "train"
+        self.all_threads = torch.get_num_threads()
+        self.specs = {d: parse_device(d, self.all_threads) for d in devices}
+        cuda_devs = [s.torch_device for s in self.specs.values() if s.is_cuda]
+        if len(set(cuda_devs)) != len(cuda_devs):
+            raise ValueError(f"devices {list(devices)} name the same CUDA device twice")
+        self.devices = tuple(devices)
+        self.g = cap.graph
+        self.nf = cap.n_forward
+        self.ops = cap.ops
+        # models: CPU devices share the captured module; one copy per CUDA device
+        self.roots: dict[str, nn.Module] = {}
+        self.x: dict[str, torch.Tensor] = {}
+        self.target: dict[str, torch.Tensor] = {}
+        copies: dict[torch.device, nn.Module] = {}
+        for name, s in self.specs.items():
+            if s.is_cuda:
+                if s.torch_device not in copies:
+                    copies[s.torch_device] = copy.deepcopy(cap.gm).to(s.torch_device)
+                self.roots[name] = copies[s.torch_device]
+                self.x[name] = cap.example_input.to(s.torch_device)
+                self.target[name] = cap.target.to(s.torch_device)
+            else:
+                self.roots[name] = cap.gm
+                self.x[name] = cap.example_input
+                self.target[name] = cap.target
+        self.params = {d: dict(r.named_parameters()) for d, r in self.roots.items()}
+        self.fixed_ptrs = {
+            d: fixed_storage_ptrs(r, self.x[d], self.target[d]) for d, r in self.roots.items()
+        }
+        self.run_fns = {
+            d: [spec.bind(self.roots[d]) for spec in self.ops] for d in self.devices
+        }
+        consumers: dict[int, list[int]] = {i: [] for i in range(self.nf)}
+        for s in self.ops:
+            for u in s.grad_inputs:
+                consumers[u].append(s.index)
+        self.grad_consumers = consumers
+        self._roots_unique = list({id(r): r for r in self.roots.values()}.values())
+        if self.train:
+            for r in [cap.module, *self._roots_unique]:
+                for p in r.parameters():
+                    if p.requires_grad and p.grad is None:
+                        p.grad = torch.zeros_like(p)
+        self.reset()
+
+    # ---------------------------------------------------------------- step state
+    def reset(self) -> None:
+        self.reg: dict[str, dict[int, Any]] = {d: {} for d in self.devices}
+        self.transient: dict[str, dict[int, Any]] = {d: {} for d in self.devices}
+        self.first_done: set[int] = set()
+        self.rng_states: dict[int, torch.Tensor] = {}
+        self.first_fwd_device: dict[int, str] = {}
+        self.loss_value: torch.Tensor | None = None
+        self.output_value: torch.Tensor | None = None
+
+    def zero_grads(self) -> None:
+        for r in self._roots_unique:
+            for p in r.parameters():
+                if p.grad is not None:
+                    p.grad.zero_()
+
+    def live_count(self) -> int:
+        return sum(len(r) for r in self.reg.values())
+
+    # ---------------------------------------------------------------- lookups
+    def provided(self, d: str, u: int) -> Any:
+        val = self.reg[d].get(u)
+        if val is None:
+            val = self.transient[d].get(u)
+        if val is None:
+            raise RuntimeError(
+                f"executor: node {u} ({self.g.nodes[u].name}) is not on {d} when it is needed"
+            )
+        return val
+
+    def fwd_tensor(self, d: str, u: int) -> torch.Tensor:
+        val = self.provided(d, u)
+        return val.y if isinstance(val, _FwdBundle) else val
+
+    def _set_threads(self, d: str) -> None:
+        k = self.specs[d].threads
+        if k is not None and torch.get_num_threads() != k:
+            torch.set_num_threads(k)
+
+    # ---------------------------------------------------------------- instructions
+    def copy_tensor(self, t: torch.Tensor, d: str) -> torch.Tensor:
+        """A copy of ``t`` on device ``d`` (a real clone between logical CPU devices)."""
+        dev = self.specs[d].torch_device
+        t = t.detach()
+        if t.device == dev:
+            return t.clone()
+        return t.to(dev)
+
+    def copy(self, u: int, src: str, dst: str) -> None:
+        self._set_threads(dst)
+        val = self.reg[src].get(u)
+        if val is None:
+            raise RuntimeError(f"executor: copy of node {u} from {src}, which does not hold it")
+        if isinstance(val, _FwdBundle):
+            out: Any = self.copy_tensor(val.y, dst)
+        elif isinstance(val, dict):
+            out = {k: self.copy_tensor(t, dst) for k, t in val.items()}
+        else:
+            out = self.copy_tensor(val, dst)
+        self.transient[dst][u] = out
+
+    def free(self, u: int, d: str) -> None:
+        if self.reg[d].pop(u, None) is None:
+            raise RuntimeError(f"executor: free of node {u} on {d}, which does not hold it")
+
+    def compute(self, v: int, d: str, first: bool | None = None) -> None:
+        """Run node ``v`` on device ``d`` and keep its result in ``d``'s register.
+
+        ``first`` (default: whether ``v`` already ran in this step) selects the first-run path
+        (parameter gradients, random state saved) or the side-effect-free recomputation."""
+        if first is None:
+            first = v not in self.first_done
+        self._set_threads(d)
+        kind = self.g.nodes[v].kind
+        if kind == "fwd":
+            val = self._forward(v, d, first)
+        elif kind == "loss":
+            val = self._loss(d, first)
+        else:
+            val = self._backward(v, d, first)
+        self.reg[d][v] = val
+        self.first_done.add(v)
+        self.transient[d].clear()
+
+    # ---------------------------------------------------------------- node runners
+    def _forward(self, v: int, d: str, first: bool) -> Any:
+        spec = self.ops[v]
+        dev = self.specs[d].torch_device
+        ins = [self.fwd_tensor(d, u) for u in spec.inputs]
+        run = self.run_fns[d][v]
+        if not self.train:
+            with torch.no_grad():
+                y = run(ins, self.x[d])
+                if any(storage_ptr(y) == storage_ptr(t) for t in ins) or (
+                    storage_ptr(y) in self.fixed_ptrs[d]
+                ):
+                    y = y.clone()
+            if v == self.nf - 1 and first:
+                self.output_value = y
+            return y
+        grad_set = set(spec.grad_inputs)
+        leaves = [alias_leaf(t, u in grad_set) for t, u in zip(ins, spec.inputs, strict=True)]
+        handles: list[_Saved] = []
+        restore_rng = None
+        buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
+        if spec.stochastic:
+            if first:
+                self.rng_states[v] = _get_rng(dev)
+                self.first_fwd_device[v] = d
+            else:
+                restore_rng = _get_rng(dev)
+                _set_rng(dev, self.rng_states[v])
+        if spec.mutates_buffers and not first:
+            mod = self.roots[d].get_submodule(spec.module_path)
+            buffers = [(b, b.detach().clone()) for b in mod.buffers()]
+        if first and spec.mutates_buffers:
+            self.first_fwd_device[v] = d
+        try:
+            with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(
+                _pack_into(handles), _unpack
+            ):
+                y = run(leaves, self.x[d])
+                if any(storage_ptr(y) == storage_ptr(t) for t in ins) or (
+                    storage_ptr(y) in self.fixed_ptrs[d]
+                ):
+                    y = y.clone()
+        finally:
+            if restore_rng is not None:
+                _set_rng(dev, restore_rng)
+            if buffers:
+                with torch.no_grad():
+                    for b, b0 in buffers:
+                        b.copy_(b0)
+        # saved tensors that alias an input or the output become lookups
+        in_ptrs = {storage_ptr(t): (u, t) for t, u in zip(ins, spec.inputs, strict=True)}
+        out_ptr = storage_ptr(y)
+        fixed = self.fixed_ptrs[d]
+        for h in handles:
+            t = h.tensor
+            p = storage_ptr(t)
+            if p == 0 or p in fixed:
+                continue
+            if p in in_ptrs:
+                u, base = in_ptrs[p]
+                h.to_lookup(self, d, u, base)
+            elif p == out_ptr:
+                h.to_lookup(self, d, v, y)
+            # else: an extra that belongs to this op; freed with its register
+        edges = {
+            u: torch.autograd.graph.get_gradient_edge(leaf)
+            for leaf, u in zip(leaves, spec.inputs, strict=True)
+            if leaf.requires_grad
+        }
+        with torch.no_grad():
+            for leaf in leaves:
+                leaf.set_()
+        del leaves, handles, ins
+        return _FwdBundle(y, edges)
+
+    def _loss(self, d: str, first: bool) -> torch.Tensor:
+        logits = self.fwd_tensor(d, self.nf - 1)
+        with torch.enable_grad():
+            leaf = logits.detach().requires_grad_(True)
+            loss = F.cross_entropy(leaf, self.target[d])
+            (g,) = torch.autograd.grad(loss, leaf)
+        if first:
+            self.loss_value = loss.detach()
+        return g
+
+    def _backward(self, b: int, d: str, first: bool) -> dict[int, torch.Tensor]:
+        v = self.g.nodes[b].fwd_index
+        assert v is not None
+        spec = self.ops[v]
+        bundle = self.reg[d].get(v)
+        if not isinstance(bundle, _FwdBundle):
+            raise RuntimeError(
+                f"executor: {self.g.nodes[b].name} on {d} needs the autograd state of "
+                f"{spec.name}, which is not resident on {d}"
+            )
+        if not spec.requires_grad:
+            return {}
+        contrib: list[torch.Tensor] = []
+        if v == self.nf - 1:
+            contrib.append(self.provided(d, self.nf))
+        for w in self.grad_consumers[v]:
+            contrib.append(self.provided(d, 2 * self.nf - w)[v])
+        if not contrib:
+            raise RuntimeError(f"executor: no gradient reaches {spec.name}")
+        grad_out = contrib[0]
+        if len(contrib) > 1:
+            grad_out = contrib[0] + contrib[1]
+            for c in contrib[2:]:
+                grad_out.add_(c)
+        inputs = [bundle.edges[u] for u in spec.grad_inputs]
+        params = [self.params[d][n] for n in spec.param_names] if first else []
+        if not inputs and not params:
+            return {}
+        grads = torch.autograd.grad(
+            bundle.y, inputs + params, grad_out, retain_graph=True, allow_unused=True
+        )
+        k = len(inputs)
+        with torch.no_grad():
+            for p, gp in zip(params, grads[k:], strict=True):
+                if gp is not None:
+                    p.grad.add_(gp)
+        out: dict[int, torch.Tensor] = {}
+        seen = {storage_ptr(c) for c in contrib}
+        for u, gu in zip(spec.grad_inputs, grads[:k], strict=True):
+            if gu is None:
+                spec_u = self.ops[u]
+                gu = torch.zeros(
+                    spec_u.output_shape,
+                    dtype=getattr(torch, spec_u.output_dtype),
+                    device=self.specs[d].torch_device,
+                )
+            elif storage_ptr(gu) in seen:
+                gu = gu.clone()  # every node owns its output
+            seen.add(storage_ptr(gu))
+            out[u] = gu
+        return out
+
+
+# ---------------------------------------------------------------------- results
+@dataclass
+class ExecutionResult:
+    loss: float
+    param_grads: dict[str, torch.Tensor]  # on CPU
+    step_times_s: list[float]
+    step_time_s: float  # median
+    peak_bytes: dict[str, int]  # per device: measured activation peak (allocator)
+    fixed_bytes: dict[str, int]  # per device: what was allocated when the step began
+    budget_tolerance_bytes: int  # the tolerance stated and checked against (per device max)
+    tolerance_bytes: dict[str, int] = field(default_factory=dict)  # per device
+    predicted_peak_bytes: dict[str, int] = field(default_factory=dict)
+    predicted_time_s: float | None = None
+    budget_bytes: dict[str, int] = field(default_factory=dict)
+    violations: list[str] = field(default_factory=list)
+    memory_source: str = ""
+    n_computes: int = 0
+    n_copies: int = 0
+
+    @property
+    def within_budget(self) -> bool:
+        return not self.violations
+
+
+# ---------------------------------------------------------------------- validation
+def _check_inputs(cap: CapturedModel, inst: Instance, sched: Schedule) -> None:
+    if tuple(sched.devices) != tuple(inst.devices):
+        raise ValueError(
+            f"the schedule is for devices {list(sched.devices)} but the instance has "
+            f"{list(inst.devices)}"
+        )
+    g, h = inst.graph, cap.graph
+    if g.size != h.size:
+        raise ValueError(
+            f"the instance's graph {g.name!r} has {g.size} nodes but the captured model "
+            f"{h.name!r} has {h.size}: the schedule is for another graph"
+        )
+    for i, (a, b) in enumerate(zip(g.nodes, h.nodes, strict=True)):
+        if a.name != b.name or a.kind != b.kind:
+            raise ValueError(
+                f"node {i} is {a.name!r} ({a.kind}) in the instance's graph but {b.name!r} "
+                f"({b.kind}) in the captured model: the schedule is for another graph"
+            )
+    if {(e.src, e.dst) for e in g.edges} != {(e.src, e.dst) for e in h.edges}:
+        raise ValueError(
+            f"the instance's graph {g.name!r} has other edges than the captured model's"
+        )
+    n = h.size
+    if sched.R.shape != (len(inst.devices), n, n):
+        raise ValueError(
+            f"the schedule has shape {sched.R.shape}; the graph needs "
+            f"{(len(inst.devices), n, n)}"
+        )
+    specs = {d: parse_device(d) for d in inst.devices}
+    # a stochastic op must replay its random state on the same generator
+    for spec in cap.ops:
+        if not spec.stochastic:
+            continue
+        used = {inst.devices[d] for d in np.flatnonzero(sched.R[:, :, spec.index].any(axis=1))}
+        gens = {str(specs[d].torch_device) if specs[d].is_cuda else "cpu" for d in used}
+        if len(gens) > 1:
+            raise ValueError(
+                f"the schedule runs the random op {spec.name!r} on {sorted(used)}, which draw "
+                "from different random generators: a recomputation could not reproduce the "
+                "first run; keep it on one kind of device"
+            )
+
+
+# ---------------------------------------------------------------------- memory measurement
+_LABEL_RE = re.compile(r"^xe\|(\w+)\|([^|]+)\|")
+
+
+def _cpu_peaks_from_profile(
+    prof: torch.profiler.profile, cpu_devices: Sequence[str]
+) -> tuple[dict[str, int], str]:
+    """Activation peak per logical CPU device from the profiler's allocation events.
+
+    Each allocation is charged to the device of the innermost ``xe|kind|device|node`` label
+    around it (or, for an allocation made outside the labelled call stack, e.g. by a worker
+    thread, the label whose time window contains it); each free is charged to the device that
+    allocated the address. The running sum starts at zero when the step starts, so its maximum
+    is the peak minus what was allocated when the step began."""
+    default = cpu_devices[0]
+    try:
+        from torch._C._profiler import _EventType
+
+        tree = prof.profiler.kineto_results.experimental_event_tree()
+    except Exception as exc:  # pragma: no cover - depends on the torch build
+        log.warning("profiler event tree unavailable (%s); using flat memory events", exc)
+        return _cpu_peaks_flat(prof, cpu_devices), "torch.profiler [memory] events (flat)"
+
+    allocs: list[tuple[int, int, int, str | None]] = []  # (time, ptr, size, label device)
+    windows: list[tuple[int, int, str]] = []
+
+    def walk(events, label: str | None) -> None:
+        for e in events:
+            if e.tag == _EventType.Allocation:
+                ef = e.extra_fields
+                if ef.device.type == "cpu":
+                    allocs.append((e.start_time_ns, int(ef.ptr), int(ef.alloc_size), label))
+                continue
+            lab = label
+            if e.tag == _EventType.TorchOp:
+                m = _LABEL_RE.match(e.name)
+                if m:
+                    lab = m.group(2)
+                    windows.append((e.start_time_ns, e.end_time_ns, lab))
+            walk(e.children, lab)
+
+    walk(tree, None)
+    windows.sort()
+    starts = [w[0] for w in windows]
+
+    def by_time(t: int) -> str:
+        import bisect
+
+        k = bisect.bisect_right(starts, t) - 1
+        if k >= 0 and windows[k][0] <= t <= windows[k][1]:
+            return windows[k][2]
+        return default
+
+    owner: dict[int, str] = {}
+    running = dict.fromkeys(cpu_devices, 0)
+    peak = dict.fromkeys(cpu_devices, 0)
+    for t, ptr, size, lab in sorted(allocs, key=lambda a: a[0]):
+        dev = lab if lab in running else None
+        if size > 0:
+            dev = dev or by_time(t)
+            owner[ptr] = dev
+        else:
+            dev = owner.pop(ptr, None) or dev or by_time(t)
+        if dev not in running:
+            dev = default
+        running[dev] += size
+        peak[dev] = max(peak[dev], running[dev])
+    return peak, "torch.profiler allocation events (by address)"
+
+
+def _cpu_peaks_flat(prof: torch.profiler.profile, cpu_devices: Sequence[str]) -> dict[str, int]:
+    evs = [
+        e
+        for e in prof.profiler.kineto_results.events()
+        if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU
+    ]
+    running = peak = 0
+    for e in sorted(evs, key=lambda e: e.start_ns()):
+        running += e.nbytes()
+        peak = max(peak, running)
+    out = dict.fromkeys(cpu_devices, 0)
+    out[cpu_devices[0]] = peak  # without addresses, frees cannot be attributed
+    return out
+
+
+def _storage_bytes(tensors) -> int:
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if t is None:
+            continue
+        p = storage_ptr(t)
+        if p:
+            seen[p] = t.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+# ---------------------------------------------------------------------- execute
+def _label(op: Op, devices: Sequence[str]) -> str:
+    return f"{LABEL_PREFIX}{op.kind}|{devices[op.device]}|{op.node}"
+
+
+def execute(
+    captured: CapturedModel,
+    inst: Instance,
+    sched: Schedule,
+    n_steps: int = 5,
+    warmup: int = 1,
+    *,
+    measure_memory: bool = True,
+    tolerance_fraction: float = TOLERANCE_FRACTION,
+    tolerance_min_bytes: int = TOLERANCE_MIN_BYTES,
+) -> ExecutionResult:
+    """Run ``sched`` for one training step, ``warmup + n_steps`` times (plus one step under
+    the profiler when a CPU device is used, for its memory).
+
+    Every step starts from the same state (random state, batch-norm buffers, zeroed gradient
+    buffers), so the module's state afterwards is the state after one step, and the loss and
+    gradients reported are those of one step. Raises ``ValueError`` for a schedule of another
+    graph or device mix (and ``ScheduleError``, a ``ValueError``, for an invalid one).
+    """
+    if captured.mode != "train":
+        raise ValueError("execute runs training steps; capture the model with mode='train'")
+    if n_steps < 1 or warmup < 0:
+        raise ValueError("n_steps must be >= 1 and warmup >= 0")
+    _check_inputs(captured, inst, sched)
+    sim = simulate(inst, sched, check_budget=False)
+    ops = sim.ops
+    devices = tuple(inst.devices)
+    rt = _Runtime(captured, devices)
+    dspecs = [rt.specs[d] for d in devices]
+    cpu_devs = [d for d in devices if not rt.specs[d].is_cuda]
+    cuda_devs = [d for d in devices if rt.specs[d].is_cuda]
+
+    orig = captured.module
+    buffers0 = [(b, b.detach().clone()) for b in captured.gm.buffers()]
+    rng0 = {str(s.torch_device): _get_rng(s.torch_device) for s in dspecs}
+    rng0.setdefault("cpu", torch.get_rng_state())
+    threads0 = torch.get_num_threads()
+
+    def restore_state() -> None:
+        with torch.no_grad():
+            for b, b0 in buffers0:
+                b.copy_(b0)
+            for r in rt._roots_unique:
+                if r is not captured.gm:
+                    for (_, b), (_, b0) in zip(
+                        r.named_buffers(), captured.gm.named_buffers(), strict=True
+                    ):
+                        b.copy_(b0)
+        for name, state in rng0.items():
+            _set_rng(torch.device(name), state)
+
+    def run_step(labelled: bool) -> None:
+        restore_state()
+        rt.reset()
+        rt.zero_grads()
+        for op in ops:
+            ctx = (
+                torch.profiler.record_function(_label(op, devices)) if labelled else nullcontext()
+            )
+            with ctx:
+                d = devices[op.device]
+                if op.kind == "compute":
+                    rt.compute(op.node, d)
+                elif op.kind == "copy":
+                    rt.copy(op.node, devices[op.src_device], d)
+                else:
+                    rt.free(op.node, d)
+        if rt.live_count():
+            raise RuntimeError(f"executor: {rt.live_count()} registers alive after the step")
+
+    times: list[float] = []
+    cuda_peak = dict.fromkeys(cuda_devs, 0)
+    cuda_fixed = dict.fromkeys(cuda_devs, 0)
+    try:
+        for k in range(warmup + n_steps):
+            for d in cuda_devs:
+                dev = rt.specs[d].torch_device
+                torch.cuda.synchronize(dev)
+                torch.cuda.reset_peak_memory_stats(dev)
+                cuda_fixed[d] = torch.cuda.memory_allocated(dev)
+            t0 = time.perf_counter()
+            run_step(labelled=False)
+            _sync(dspecs)
+            dt = time.perf_counter() - t0
+            if k >= warmup:
+                times.append(dt)
+                for d in cuda_devs:
+                    dev = rt.specs[d].torch_device
+                    peak = torch.cuda.max_memory_allocated(dev) - cuda_fixed[d]
+                    cuda_peak[d] = max(cuda_peak[d], int(peak))
+        cpu_peak: dict[str, int] = {}
+        memory_source = "cuda caching allocator statistics" if cuda_devs else ""
+        if cpu_devs and measure_memory:
+            with torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
+            ) as prof:
+                run_step(labelled=True)
+            _sync(dspecs)
+            cpu_peak, src = _cpu_peaks_from_profile(prof, cpu_devs)
+            memory_source = "; ".join(x for x in (memory_source, src) if x)
+        # gather the step's results onto the captured (CPU) module, as a plain step leaves them
+        _sync_back(captured, rt)
+        loss = float(rt.loss_value.item()) if rt.loss_value is not None else float("nan")
+        param_grads = {
+            name: p.grad.detach().to("cpu").clone()
+            for name, p in orig.named_parameters()
+            if p.requires_grad and p.grad is not None
+        }
+    finally:
+        torch.set_num_threads(threads0)
+    fixed_cpu = _storage_bytes(
+        [*captured.gm.parameters(), *captured.gm.buffers()]
+        + [p.grad for p in captured.gm.parameters()]
+        + [captured.example_input, captured.target]
+    )
+    fixed = {d: (cuda_fixed[d] if d in cuda_fixed else fixed_cpu) for d in devices}
+    peaks = {d: int(cuda_peak[d] if d in cuda_peak else cpu_peak.get(d, -1)) for d in devices}
+    predicted = {d: int(sim.peak_bytes[k]) for k, d in enumerate(devices)}
+    budgets = {d: int(inst.budgets[k]) for k, d in enumerate(devices)}
+    tol = {
+        d: int(max(tolerance_min_bytes, tolerance_fraction * min(budgets[d], predicted[d])))
+        for d in devices
+    }
+    violations = []
+    for d in devices:
+        if peaks[d] >= 0 and peaks[d] > budgets[d] + tol[d]:
+            violations.append(
+                f"{d}: measured activation peak {peaks[d]} bytes exceeds the budget "
+                f"{budgets[d]} by more than the tolerance {tol[d]}"
+            )
+            log.warning("budget exceeded on %s", violations[-1])
+    for d in devices:
+        log.info(
+            "%s: measured peak %.2f MiB, predicted %.2f MiB, fixed %.2f MiB",
+            d,
+            peaks[d] / 2**20,
+            predicted[d] / 2**20,
+            fixed[d] / 2**20,
+        )
+    return ExecutionResult(
+        loss=loss,
+        param_grads=param_grads,
+        step_times_s=times,
+        step_time_s=float(statistics.median(times)),
+        peak_bytes=peaks,
+        fixed_bytes=fixed,
+        budget_tolerance_bytes=max(tol.values()),
+        tolerance_bytes=tol,
+        predicted_peak_bytes=predicted,
+        predicted_time_s=_predicted_time(inst, sched),
+        budget_bytes=budgets,
+        violations=violations,
+        memory_source=memory_source,
+        n_computes=sim.n_computes,
+        n_copies=sim.n_copies,
+    )
+
+
+def _predicted_time(inst: Instance, sched: Schedule) -> float | None:
+    try:
+        return float(simulate(inst, sched, check_budget=False).time_s)
+    except Exception:  # the graph may have no costs for these devices
+        return None
+
+
+def _sync_back(cap: CapturedModel, rt: _Runtime) -> None:
+    """Bring the step's gradients and buffer updates made on CUDA copies back to the module."""
+    gm = cap.gm
+    with torch.no_grad():
+        for r in rt._roots_unique:
+            if r is gm:
+                continue
+            for (_, p), (_, q) in zip(gm.named_parameters(), r.named_parameters(), strict=True):
+                if q.grad is not None and p.grad is not None:
+                    p.grad.add_(q.grad.to(p.device))
+        for spec in cap.ops:
+            d = rt.first_fwd_device.get(spec.index)
+            if spec.mutates_buffers and d is not None and rt.roots[d] is not gm:
+                src = rt.roots[d].get_submodule(spec.module_path)
+                dst = gm.get_submodule(spec.module_path)
+                for b, c in zip(dst.buffers(), src.buffers(), strict=True):
+                    b.copy_(c.to(b.device))
+
+
+# ---------------------------------------------------------------------- plain pytorch
+def reference_step(
+    captured: CapturedModel,
+    n_steps: int = 5,
+    warmup: int = 1,
+    *,
+    device: str = "cpu",
+    measure_memory: bool = True,
+) -> ExecutionResult:
+    """A plain PyTorch step: ``model(x)``, cross-entropy, ``backward()``; timed and measured
+    the same way as :func:`execute`, from the same starting state each step."""
+    spec = parse_device(device)
+    dev = spec.torch_device
+    module = captured.module if not spec.is_cuda else copy.deepcopy(captured.module).to(dev)
+    module.train(captured.mode == "train")
+    x = captured.example_input.to(dev)
+    target = captured.target.to(dev)
+    params = [p for p in module.parameters() if p.requires_grad]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    buffers0 = [(b, b.detach().clone()) for b in module.buffers()]
+    rng0 = _get_rng(dev)
+    threads0 = torch.get_num_threads()
+    if spec.threads is not None:
+        torch.set_num_threads(spec.threads)
+    out: dict[str, Any] = {}
+
+    def step(labelled: bool) -> None:
+        with torch.no_grad():
+            for b, b0 in buffers0:
+                b.copy_(b0)
+            for p in params:
+                p.grad.zero_()
+        _set_rng(dev, rng0)
+        ctx = torch.profiler.record_function(f"{LABEL_PREFIX}ref|{device}|0") if labelled else (
+            nullcontext()
+        )
+        with ctx, torch.enable_grad():
+            loss = F.cross_entropy(module(x), target)
+            loss.backward()
+        out["loss"] = loss.detach()
+
+    times = []
+    peak_cuda = 0
+    fixed_cuda = 0
+    try:
+        for k in range(warmup + n_steps):
+            if spec.is_cuda:
+                torch.cuda.synchronize(dev)
+                torch.cuda.reset_peak_memory_stats(dev)
+                fixed_cuda = torch.cuda.memory_allocated(dev)
+            t0 = time.perf_counter()
+            step(False)
+            _sync([spec])
+            if k >= warmup:
+                times.append(time.perf_counter() - t0)
+                if spec.is_cuda:
+                    peak_cuda = max(peak_cuda, torch.cuda.max_memory_allocated(dev) - fixed_cuda)
+        source = "cuda caching allocator statistics"
+        if not spec.is_cuda and measure_memory:
+            with torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
+            ) as prof:
+                step(True)
+            peaks, source = _cpu_peaks_from_profile(prof, [device])
+            peak = peaks[device]
+        else:
+            peak = peak_cuda if spec.is_cuda else -1
+    finally:
+        torch.set_num_threads(threads0)
+    if spec.is_cuda:
+        fixed = fixed_cuda
+        with torch.no_grad():
+            for b, c in zip(captured.module.buffers(), module.buffers(), strict=True):
+                b.copy_(c.cpu())
+    else:
+        fixed = _storage_bytes(
+            [*module.parameters(), *module.buffers()]
+            + [p.grad for p in module.parameters()]
+            + [x, target]
+        )
+    grads = {n: p.grad.detach().to("cpu").clone() for n, p in module.named_parameters() if p.requires_grad}
+    return ExecutionResult(
+        loss=float(out["loss"].item()),
+        param_grads=grads,
+        step_times_s=times,
+        step_time_s=float(statistics.median(times)),
+        peak_bytes={device: int(peak)},
+        fixed_bytes={device: int(fixed)},
+        budget_tolerance_bytes=0,
+        memory_source=source,
+    )
+
+
+# ---------------------------------------------------------------------- op workspaces
+def measure_workspace_bytes(captured: CapturedModel) -> list[int]:
+    """Per node: the memory it needs only while it runs, measured on the CPU allocator.
+
+    Runs every node once in graph order (keep-all, threads as they are) under the profiler and
+    takes, per node, the allocator's peak during the node minus what was allocated before it
+    and minus the node's output bytes: temporaries inside an op (convolution scratch and
+    reordered weights, a backward op's parameter gradients before they are accumulated, the
+    sum of its gradient contributions). Leaves no trace: random state, buffers and gradient
+    buffers are restored."""
+    g = captured.graph
+    n = g.size
+    last_use = [max(s) if s else i for i, s in enumerate(g.successors)]
+    frees_after: dict[int, list[int]] = {}
+    for u, v in enumerate(last_use):
+        frees_after.setdefault(v, []).append(u)
+    buffers0 = [(b, b.detach().clone()) for b in captured.gm.buffers()]
+    grads0 = {id(p): p.grad for p in captured.module.parameters()}
+    rng0 = torch.get_rng_state()
+    rt = _Runtime(captured, ["cpu"])
+    rt.zero_grads()
+    try:
+        with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
+        ) as prof:
+            for v in range(n):
+                with torch.profiler.record_function(f"{LABEL_PREFIX}compute|cpu|{v}"):
+                    rt.compute(v, "cpu")
+                for u in frees_after.get(v, []):
+                    with torch.profiler.record_function(f"{LABEL_PREFIX}free|cpu|{u}"):
+                        rt.free(u, "cpu")
+        rt.reset()
+        windows = _label_windows(prof)
+    finally:
+        torch.set_rng_state(rng0)
+        with torch.no_grad():
+            for b, b0 in buffers0:
+                b.copy_(b0)
+        for p in captured.module.parameters():
+            p.grad = grads0.get(id(p))
+    m = g.output_bytes
+    return [max(0, int(windows.get(v, 0)) - int(m[v])) for v in range(n)]
+
+
+def _label_windows(prof: torch.profiler.profile) -> dict[int, int]:
+    """Per ``xe|compute|...|v`` label: the allocator's peak inside it, relative to its start."""
+    from torch._C._profiler import _EventType
+
+    events: list[tuple[int, int, int | None]] = []  # (time, size, node of the compute label)
+
+    def walk(evs, node: int | None) -> None:
+        for e in evs:
+            if e.tag == _EventType.Allocation:
+                if e.extra_fields.device.type == "cpu":
+                    events.append((e.start_time_ns, int(e.extra_fields.alloc_size), node))
+                continue
+            nd = node
+            if e.tag == _EventType.TorchOp and e.name.startswith(LABEL_PREFIX + "compute|"):
+                nd = int(e.name.rsplit("|", 1)[1])
+            walk(e.children, nd)
+
+    walk(prof.profiler.kineto_results.experimental_event_tree(), None)
+    events.sort(key=lambda a: a[0])
+    running = 0
+    start: dict[int, int] = {}
+    peak: dict[int, int] = {}
+    for _, size, node in events:
+        if node is not None and node not in start:
+            start[node] = running
+            peak[node] = running
+        running += size
+        if node is not None:
+            peak[node] = max(peak[node], running)
+    return {v: peak[v] - start[v] for v in peak}

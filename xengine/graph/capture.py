@@ -1,0 +1,684 @@
+"""Capture a torch model as a training graph plus the program that runs it (DESIGN.md section 3).
+
+``capture`` traces a module with :func:`torch.fx.symbolic_trace` and makes one forward node per
+``call_module`` / ``call_function`` / ``call_method`` node (trace order, which is topological),
+then, in ``mode="train"``, a loss node and one backward node per forward node in reverse order.
+
+The forward ops are run once on the example batch, on the CPU, to measure what the graph needs:
+
+* each op's output bytes, and the tensors autograd *saves* for its backward (found with
+  :func:`torch.autograd.graph.saved_tensors_hooks`): a saved tensor that shares storage with an
+  input ``u`` becomes an edge ``F_u -> B_v``; one that shares the op's output is covered by the
+  non-copyable edge ``F_v -> B_v``; one that shares a parameter or buffer is fixed memory;
+  anything else (max-pool indices, batch-norm's saved mean and inverse std, dropout masks) is
+  *extra* memory that the forward op leaves alive, counted in its ``output_bytes``;
+* whether the op draws random numbers (dropout: the CPU generator moves) or mutates module
+  buffers (batch-norm running statistics), which the executor needs to make recomputation free
+  of side effects;
+* whether its output shares storage with an input (``flatten``, ``view``): such outputs are
+  cloned so that every node owns its output and memory accounting is exact.
+
+In-place ops are disabled (``inplace=False`` on modules, ``inplace`` kwargs dropped on
+functions): the numbers are identical and no op overwrites a tensor a schedule still holds.
+
+The capture run leaves no trace: the random state and the module buffers are restored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from xengine.graph.types import Edge, Graph, GraphError, Node
+
+TORCHVISION_NETS: tuple[str, ...] = (
+    "tiny",
+    "alexnet",
+    "vgg11",
+    "vgg16",
+    "vgg19",
+    "resnet18",
+    "resnet34",
+    "resnet50",
+    "resnet101",
+    "resnet152",
+    "googlenet",
+    "mobilenet_v2",
+    "squeezenet1_0",
+    "densenet121",
+)
+MODES = ("train", "infer")
+LOSS_NAME = "loss"
+BWD_PREFIX = "grad_"
+
+
+# ---------------------------------------------------------------------- the tiny test net
+class TinyNet(nn.Module):
+    """A small conv net for fast tests: conv-bn-relu, a residual ``+``, max-pool, dropout and
+    a linear classifier. Made for 32x32 inputs (any even size works)."""
+
+    def __init__(self, num_classes: int = 10, image_size: int = 32, width: int = 8) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, width, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.relu1 = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(width, width, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.relu2 = nn.ReLU(inplace=True)
+        self.pool = nn.MaxPool2d(2)
+        self.drop = nn.Dropout(0.25)
+        self.fc = nn.Linear(width * (image_size // 2) ** 2, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.relu1(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(x))
+        y = self.relu2(y + x)
+        y = self.pool(y)
+        y = torch.flatten(y, 1)
+        y = self.drop(y)
+        return self.fc(y)
+
+
+# ---------------------------------------------------------------------- the op program
+@dataclass(frozen=True)
+class _Slot:
+    """Marks where an op's argument comes from: ``kind`` "in" (the op's k-th input node) or
+    "x" (the input batch)."""
+
+    kind: str
+    index: int = 0
+
+
+@dataclass
+class OpSpec:
+    """One forward op, as the executor runs it.
+
+    ``inputs`` are the forward-node indices the op reads (distinct, in argument order);
+    ``grad_inputs`` those whose outputs require grad (they receive a gradient from ``B_v``);
+    ``saved_inputs`` those autograd saves for the backward; ``param_names`` the parameters
+    (qualified names in the traced module) whose gradients ``B_v`` produces.
+    """
+
+    index: int
+    name: str
+    op: str  # call_module | call_function | call_method
+    target: Any
+    args: tuple
+    kwargs: dict
+    inputs: tuple[int, ...]
+    reads_x: bool
+    module_path: str | None
+    param_names: tuple[str, ...] = ()
+    requires_grad: bool = False
+    grad_inputs: tuple[int, ...] = ()
+    saved_inputs: tuple[int, ...] = ()
+    saves_output: bool = False
+    extra_bytes: int = 0
+    output_bytes: int = 0
+    output_shape: tuple[int, ...] = ()
+    output_dtype: str = "float32"
+    clone_output: bool = False
+    stochastic: bool = False
+    mutates_buffers: bool = False
+
+    def bind(self, root: nn.Module) -> Callable[[Sequence[torch.Tensor], torch.Tensor], Any]:
+        """A function ``run(inputs, x)`` that runs this op with the modules of ``root``."""
+        args, kwargs = self.args, self.kwargs
+
+        def fill(a: Any, ins: Sequence[torch.Tensor], x: torch.Tensor) -> Any:
+            if isinstance(a, _Slot):
+                return ins[a.index] if a.kind == "in" else x
+            if isinstance(a, tuple):
+                return tuple(fill(b, ins, x) for b in a)
+            if isinstance(a, list):
+                return [fill(b, ins, x) for b in a]
+            if isinstance(a, dict):
+                return {k: fill(b, ins, x) for k, b in a.items()}
+            return a
+
+        if self.op == "call_module":
+            fn = root.get_submodule(self.target)
+        elif self.op == "call_function":
+            fn = self.target
+        else:
+            method = self.target
+
+            def fn(obj, *a, **k):
+                return getattr(obj, method)(*a, **k)
+
+        def run(ins: Sequence[torch.Tensor], x: torch.Tensor) -> Any:
+            return fn(*fill(args, ins, x), **fill(kwargs, ins, x))
+
+        return run
+
+
+@dataclass
+class CapturedModel:
+    """A training (or inference) graph and everything needed to run its nodes."""
+
+    graph: Graph  # costs empty, bytes measured from real tensors
+    module: nn.Module
+    example_input: torch.Tensor
+    target: torch.Tensor
+    mode: str  # "train" | "infer"
+    gm: fx.GraphModule
+    ops: tuple[OpSpec, ...]  # forward ops; ops[i] is graph node i
+    net: str = "model"
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_forward(self) -> int:
+        return len(self.ops)
+
+    @property
+    def output_index(self) -> int:
+        """The forward node whose output is the model's output (the logits)."""
+        return len(self.ops) - 1
+
+    @property
+    def loss_index(self) -> int | None:
+        return len(self.ops) if self.mode == "train" else None
+
+    def bwd_index(self, fwd: int) -> int:
+        """Graph index of the backward node of forward node ``fwd``."""
+        return 2 * len(self.ops) - fwd
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.example_input.shape[0])
+
+    @property
+    def dtype(self) -> str:
+        return str(self.example_input.dtype).removeprefix("torch.")
+
+
+# ---------------------------------------------------------------------- helpers
+def storage_ptr(t: torch.Tensor) -> int:
+    """Identity of a tensor's storage (0 for an empty storage)."""
+    return t.untyped_storage().data_ptr()
+
+
+def alias_leaf(t: torch.Tensor, requires_grad: bool) -> torch.Tensor:
+    """A new tensor on ``t``'s storage with its own autograd identity (and version counter).
+
+    The executor empties it after the forward op so that it does not keep the storage alive."""
+    leaf = torch.empty(0, dtype=t.dtype, device=t.device)
+    leaf.set_(t.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+    if requires_grad:
+        leaf.requires_grad_(True)
+    return leaf
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    return int(t.numel() * t.element_size())
+
+
+def fixed_storage_ptrs(root: nn.Module, *tensors: torch.Tensor) -> set[int]:
+    ptrs = {storage_ptr(p) for p in root.parameters()}
+    ptrs |= {storage_ptr(b) for b in root.buffers()}
+    ptrs |= {storage_ptr(t) for t in tensors}
+    ptrs.discard(0)
+    return ptrs
+
+
+def _disable_inplace(module: nn.Module) -> int:
+    n = 0
+    for m in module.modules():
+        if isinstance(getattr(m, "inplace", None), bool) and m.inplace:
+            m.inplace = False
+            n += 1
+    return n
+
+
+def _target_name(node: fx.Node) -> str:
+    t = node.target
+    if node.op == "call_module" or node.op == "call_method":
+        return str(t)
+    return getattr(t, "__qualname__", None) or getattr(t, "__name__", None) or str(t)
+
+
+def _unique_name(name: str, taken: set[str]) -> str:
+    out, k = name, 1
+    while out in taken:
+        out = f"{name}_{k}"
+        k += 1
+    taken.add(out)
+    return out
+
+
+# ---------------------------------------------------------------------- capture
+def capture(
+    module: nn.Module,
+    example_input: torch.Tensor,
+    target: torch.Tensor,
+    mode: str = "train",
+    name: str = "model",
+    measure_workspace: bool = True,
+) -> CapturedModel:
+    """Trace ``module`` and build its training (``mode="train"``) or inference graph.
+
+    The module is put in train or eval mode and its in-place flags are switched off (same
+    numbers). ``target`` holds class indices for the cross-entropy loss.
+
+    ``workspace_bytes`` of a node is the memory it needs only while it runs. With
+    ``measure_workspace`` (default) it is measured on the CPU allocator by running every node
+    once (op temporaries, a backward op's parameter gradients before accumulation); without,
+    it is the bytes of the parameter gradients a backward node produces.
+    """
+    if mode not in MODES:
+        raise GraphError(f"mode {mode!r} is not one of {MODES}")
+    if not isinstance(example_input, torch.Tensor) or not isinstance(target, torch.Tensor):
+        raise GraphError("example_input and target must be tensors")
+    module.train(mode == "train")
+    _disable_inplace(module)
+    try:
+        gm = fx.symbolic_trace(module)
+    except Exception as exc:  # fx raises many kinds of errors for untraceable code
+        raise GraphError(f"{name}: torch.fx cannot trace the model: {exc}") from exc
+    gm.train(mode == "train")
+
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != 1:
+        raise GraphError(
+            f"{name}: the model's forward takes {len(placeholders)} inputs; capture needs one"
+        )
+    x_node = placeholders[0]
+    out_nodes = [n for n in gm.graph.nodes if n.op == "output"]
+    out_arg = out_nodes[0].args[0]
+    if not isinstance(out_arg, fx.Node):
+        raise GraphError(
+            f"{name}: the model returns {type(out_arg).__name__}; capture needs one tensor"
+        )
+
+    # the capture run must leave the module and the random state as they were
+    buffers0 = [(b, b.detach().clone()) for b in gm.buffers()]
+    with torch.random.fork_rng(devices=[]):
+        specs, out_spec = _trace_ops(gm, x_node, out_arg, example_input, target, mode, name)
+    with torch.no_grad():
+        for b, b0 in buffers0:
+            b.copy_(b0)
+
+    graph = _build_graph(gm, specs, example_input, target, mode, name)
+    cap = CapturedModel(
+        graph=graph,
+        module=module,
+        example_input=example_input,
+        target=target,
+        mode=mode,
+        gm=gm,
+        ops=tuple(specs),
+        net=name,
+        meta=dict(graph.meta),
+    )
+    if measure_workspace:
+        from xengine.execute.executor import measure_workspace_bytes
+
+        ws = measure_workspace_bytes(cap)
+        nodes = tuple(
+            replace(v, workspace_bytes=max(int(v.workspace_bytes), int(w)))
+            for v, w in zip(graph.nodes, ws, strict=True)
+        )
+        meta = {**graph.meta, "workspace": "measured on the CPU allocator"}
+        cap.graph = replace(graph, nodes=nodes, meta=meta)
+    else:
+        cap.graph = replace(graph, meta={**graph.meta, "workspace": "parameter gradients"})
+    cap.meta = dict(cap.graph.meta)
+    return cap
+
+
+def _trace_ops(
+    gm: fx.GraphModule,
+    x_node: fx.Node,
+    out_arg: fx.Node,
+    x: torch.Tensor,
+    target: torch.Tensor,
+    mode: str,
+    name: str,
+) -> tuple[list[OpSpec], OpSpec]:
+    train = mode == "train"
+    values: dict[fx.Node, Any] = {x_node: x}
+    spec_of: dict[fx.Node, OpSpec] = {}
+    order: list[fx.Node] = []
+    params = dict(gm.named_parameters())
+    param_name_of = {id(p): n for n, p in params.items()}
+    fixed = fixed_storage_ptrs(gm, x, target)
+
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        if node.op == "get_attr":
+            obj: Any = gm
+            for part in str(node.target).split("."):
+                obj = getattr(obj, part)
+            values[node] = obj
+            continue
+        # argument template: op-node tensors become input slots, the batch becomes x
+        inputs: list[fx.Node] = []
+        reads_x = False
+
+        def to_slot(a: fx.Node, inputs=inputs) -> Any:
+            nonlocal reads_x
+            if a is x_node:
+                reads_x = True
+                return _Slot("x")
+            if a in spec_of:
+                if a not in inputs:
+                    inputs.append(a)
+                return _Slot("in", inputs.index(a))
+            return values[a]  # a constant: folded non-tensor value or an attribute
+
+        args = fx.node.map_arg(node.args, to_slot)
+        kwargs = dict(fx.node.map_arg(node.kwargs, to_slot))
+        if node.op == "call_function" and kwargs.get("inplace") is True:
+            kwargs.pop("inplace")
+        if node.op == "call_function" and node.target in (operator.iadd, operator.imul):
+            raise GraphError(f"{name}: op {node.name!r} is an in-place {_target_name(node)}")
+        module_path = str(node.target) if node.op == "call_module" else None
+        pnames: list[str] = []
+        if module_path is not None:
+            sub = gm.get_submodule(module_path)
+            pnames = [
+                f"{module_path}.{n}" for n, p in sub.named_parameters() if p.requires_grad
+            ]
+
+        def find_params(a: Any, pnames=pnames) -> None:
+            if isinstance(a, nn.Parameter) and a.requires_grad and id(a) in param_name_of:
+                if param_name_of[id(a)] not in pnames:
+                    pnames.append(param_name_of[id(a)])
+            elif isinstance(a, (tuple, list)):
+                for b in a:
+                    find_params(b)
+            elif isinstance(a, dict):
+                for b in a.values():
+                    find_params(b)
+
+        find_params(args)
+        find_params(kwargs)
+
+        spec = OpSpec(
+            index=-1,
+            name=node.name,
+            op=node.op,
+            target=node.target,
+            args=args,
+            kwargs=kwargs,
+            inputs=(),  # filled below, once we know the result is a tensor
+            reads_x=reads_x,
+            module_path=module_path,
+            param_names=tuple(pnames),
+        )
+        in_vals = [values[u] for u in inputs]
+        in_specs = [spec_of[u] for u in inputs]
+        leaves = [
+            alias_leaf(t, train and s.requires_grad) for t, s in zip(in_vals, in_specs, strict=True)
+        ]
+        saved: list[torch.Tensor] = []
+
+        def pack(t: torch.Tensor, saved=saved) -> int:
+            saved.append(t)
+            return len(saved) - 1
+
+        def unpack(i: int, saved=saved) -> torch.Tensor:
+            return saved[i]
+
+        run = spec.bind(gm)
+        rng0 = torch.get_rng_state()
+        versions0 = (
+            [b._version for b in gm.get_submodule(module_path).buffers()] if module_path else []
+        )
+        try:
+            with torch.set_grad_enabled(train), torch.autograd.graph.saved_tensors_hooks(
+                pack, unpack
+            ):
+                y = run(leaves, x)
+        except Exception as exc:
+            raise GraphError(
+                f"{name}: op {node.name!r} ({_target_name(node)}) failed on the example "
+                f"batch: {exc}"
+            ) from exc
+
+        if not isinstance(y, torch.Tensor):
+            if _contains_tensor(y):
+                raise GraphError(
+                    f"{name}: op {node.name!r} ({_target_name(node)}) returns a "
+                    f"{type(y).__name__} of tensors; capture needs one tensor per op "
+                    "(tuple outputs are not supported)"
+                )
+            values[node] = y  # a non-tensor value (a size, a shape): folded as a constant
+            continue
+
+        in_ptrs = {storage_ptr(t): u for t, u in zip(in_vals, inputs, strict=True)}
+        clone = storage_ptr(y) in in_ptrs or storage_ptr(y) in fixed or storage_ptr(y) == 0
+        if clone and y.numel() > 0:
+            with torch.set_grad_enabled(train):
+                y = y.clone()
+        out_ptr = storage_ptr(y)
+        saved_inputs: list[fx.Node] = []
+        saves_output = False
+        extras: dict[int, int] = {}
+        for t in saved:
+            p = storage_ptr(t)
+            if p == 0:
+                continue
+            if p in in_ptrs:
+                if in_ptrs[p] not in saved_inputs:
+                    saved_inputs.append(in_ptrs[p])
+            elif p == out_ptr:
+                saves_output = True
+            elif p not in fixed:
+                extras[p] = int(t.untyped_storage().nbytes())
+
+        spec.inputs = tuple(inputs)  # type: ignore[assignment]  # fx nodes, renumbered below
+        spec.requires_grad = bool(train and y.requires_grad)
+        spec.grad_inputs = tuple(u for u, s in zip(inputs, in_specs, strict=True) if s.requires_grad)
+        spec.saved_inputs = tuple(saved_inputs)
+        spec.saves_output = saves_output
+        spec.extra_bytes = sum(extras.values())
+        spec.output_bytes = int(y.untyped_storage().nbytes())
+        spec.output_shape = tuple(y.shape)
+        spec.output_dtype = str(y.dtype).removeprefix("torch.")
+        spec.clone_output = bool(clone)
+        spec.stochastic = not torch.equal(rng0, torch.get_rng_state())
+        spec.mutates_buffers = bool(
+            module_path
+            and [b._version for b in gm.get_submodule(module_path).buffers()] != versions0
+        )
+        if not spec.requires_grad:
+            spec.param_names = ()
+        values[node] = y.detach()
+        spec_of[node] = spec
+        order.append(node)
+        del saved[:]
+
+    if out_arg not in spec_of:
+        raise GraphError(f"{name}: the model's output is not computed by an op of the trace")
+    # keep only ops the output depends on
+    live: set[fx.Node] = set()
+    stack = [out_arg]
+    while stack:
+        n = stack.pop()
+        if n in live:
+            continue
+        live.add(n)
+        stack.extend(spec_of[n].inputs)  # type: ignore[arg-type]
+    order = [n for n in order if n in live]
+    index = {n: i for i, n in enumerate(order)}
+    specs = []
+    for i, n in enumerate(order):
+        s = spec_of[n]
+        s.index = i
+        s.inputs = tuple(index[u] for u in s.inputs)  # type: ignore[index]
+        s.grad_inputs = tuple(index[u] for u in s.grad_inputs)  # type: ignore[index]
+        s.saved_inputs = tuple(index[u] for u in s.saved_inputs)  # type: ignore[index]
+        specs.append(s)
+    out = specs[-1]
+    if train:
+        if len(out.output_shape) != 2 or out.output_shape[0] != x.shape[0]:
+            raise GraphError(
+                f"{name}: the model's output has shape {list(out.output_shape)}; the loss "
+                "(cross-entropy) needs logits of shape [batch, classes]"
+            )
+        if tuple(target.shape) != (x.shape[0],):
+            raise GraphError(
+                f"{name}: target has shape {list(target.shape)}; expected [{x.shape[0]}] "
+                "class indices"
+            )
+    return specs, out
+
+
+def _contains_tensor(y: Any) -> bool:
+    if isinstance(y, torch.Tensor):
+        return True
+    if isinstance(y, (tuple, list)):
+        return any(_contains_tensor(a) for a in y)
+    if isinstance(y, dict):
+        return any(_contains_tensor(a) for a in y.values())
+    return False
+
+
+def _build_graph(
+    gm: fx.GraphModule,
+    specs: list[OpSpec],
+    x: torch.Tensor,
+    target: torch.Tensor,
+    mode: str,
+    name: str,
+) -> Graph:
+    nf = len(specs)
+    taken: set[str] = set()
+    nodes: list[Node] = []
+    for s in specs:
+        s.name = _unique_name(s.name, taken)
+        nodes.append(Node(s.name, "fwd", s.output_bytes + s.extra_bytes))
+    edges: dict[tuple[int, int], bool] = {}
+    for s in specs:
+        for u in s.inputs:
+            edges[(u, s.index)] = True
+    train = mode == "train"
+    params = dict(gm.named_parameters())
+    fixed = sum(tensor_bytes(p) for p in params.values())
+    fixed += sum(tensor_bytes(b) for b in gm.buffers())
+    fixed += tensor_bytes(x) + tensor_bytes(target)
+    if train:
+        fixed += sum(tensor_bytes(p) for p in params.values() if p.requires_grad)
+        loss = nf
+        out = specs[-1]
+        logits_bytes = int(torch.Size(out.output_shape).numel()) * _itemsize(out.output_dtype)
+        nodes.append(Node(_unique_name(LOSS_NAME, taken), "loss", logits_bytes))
+        edges[(out.index, loss)] = True
+        consumers: dict[int, list[int]] = {i: [] for i in range(nf)}
+        for s in specs:
+            for u in s.grad_inputs:
+                consumers[u].append(s.index)
+
+        def bwd(i: int) -> int:
+            return 2 * nf - i
+
+        for j in range(nf):
+            s = specs[nf - 1 - j]
+            grad_bytes = sum(
+                int(torch.Size(specs[u].output_shape).numel()) * _itemsize(specs[u].output_dtype)
+                for u in s.grad_inputs
+            )
+            ws = sum(tensor_bytes(params[p]) for p in s.param_names)
+            nodes.append(
+                Node(
+                    _unique_name(BWD_PREFIX + s.name, taken),
+                    "bwd",
+                    grad_bytes,
+                    workspace_bytes=ws,
+                    fwd_index=s.index,
+                )
+            )
+        for s in specs:
+            v = s.index
+            if v == out.index:
+                edges[(loss, bwd(v))] = True
+            for w in consumers[v]:
+                edges[(bwd(w), bwd(v))] = True
+            edges[(v, bwd(v))] = False  # autograd state: stays where F_v ran
+            for u in s.saved_inputs:
+                edges.setdefault((u, bwd(v)), True)
+    structure = json.dumps(
+        [[n.name, n.kind] for n in nodes] + sorted([list(k) for k in edges]), sort_keys=True
+    )
+    meta = {
+        "net": name,
+        "mode": mode,
+        "batch_size": int(x.shape[0]),
+        "input_shape": [int(d) for d in x.shape],
+        "image_size": int(x.shape[-1]) if x.dim() == 4 else None,
+        "dtype": str(x.dtype).removeprefix("torch."),
+        "num_classes": int(specs[-1].output_shape[-1]) if specs[-1].output_shape else None,
+        "n_forward": nf,
+        "param_bytes": int(sum(tensor_bytes(p) for p in params.values())),
+        "capture": "torch.fx",
+        "graph_sha": hashlib.sha256(structure.encode()).hexdigest()[:16],
+    }
+    return Graph(
+        name=name,
+        nodes=tuple(nodes),
+        edges=tuple(Edge(u, v, c) for (u, v), c in sorted(edges.items())),
+        fixed_bytes=int(fixed),
+        meta=meta,
+    )
+
+
+def _itemsize(dtype: str) -> int:
+    return torch.empty((), dtype=getattr(torch, dtype)).element_size()
+
+
+# ---------------------------------------------------------------------- named nets
+def _build_net(net: str, num_classes: int, image_size: int) -> nn.Module:
+    if net == "tiny":
+        return TinyNet(num_classes=num_classes, image_size=image_size)
+    import torchvision
+
+    if net == "googlenet":
+        return torchvision.models.googlenet(
+            weights=None, aux_logits=False, init_weights=True, num_classes=num_classes
+        )
+    return getattr(torchvision.models, net)(weights=None, num_classes=num_classes)
+
+
+def capture_net(
+    net: str,
+    batch_size: int,
+    mode: str = "train",
+    image_size: int | None = None,
+    num_classes: int | None = None,
+    seed: int = 0,
+    measure_workspace: bool = True,
+) -> CapturedModel:
+    """Capture a named network with seeded random weights (nothing is downloaded).
+
+    ``image_size`` defaults to 224 (32 for ``tiny``), ``num_classes`` to 1000 (10 for
+    ``tiny``). The input batch is standard normal and the targets uniform class indices, both
+    drawn from a generator seeded with ``seed``; the global random state is left untouched.
+    """
+    if net not in TORCHVISION_NETS:
+        raise GraphError(f"unknown net {net!r}: choose one of {', '.join(TORCHVISION_NETS)}")
+    if batch_size < 1:
+        raise GraphError(f"batch size must be at least 1, got {batch_size}")
+    if image_size is None:
+        image_size = 32 if net == "tiny" else 224
+    if num_classes is None:
+        num_classes = 10 if net == "tiny" else 1000
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        module = _build_net(net, num_classes, image_size)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch_size, 3, image_size, image_size, generator=gen)
+    target = torch.randint(0, num_classes, (batch_size,), generator=gen)
+    cap = capture(module, x, target, mode=mode, name=net, measure_workspace=measure_workspace)
+    cap.graph = replace(cap.graph, meta={**cap.graph.meta, "seed": seed})
+    cap.meta = dict(cap.graph.meta)
+    return cap
