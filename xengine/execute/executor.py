@@ -235,10 +235,9 @@ class _Runtime:
         self.rng_states: dict[int, torch.Tensor] = {}
         self.first_fwd_device: dict[int, str] = {}
         self.loss_value: torch.Tensor | None = None
-        self.output_value: torch.Tensor | None = None
 
     def zero_grads(self) -> None:
-        for r in self._roots_unique:
+        for r in [self.cap.module, *self._roots_unique]:
             for p in r.parameters():
                 if p.grad is not None:
                     p.grad.zero_()
@@ -325,7 +324,7 @@ class _Runtime:
                 ):
                     y = y.clone()
             if v == self.nf - 1 and first:
-                self.output_value = y
+                self.loss_value = _infer_loss(y, self.target[d])
             return y
         grad_set = set(spec.grad_inputs)
         leaves = [alias_leaf(t, u in grad_set) for t, u in zip(ins, spec.inputs, strict=True)]
@@ -447,6 +446,12 @@ class _Runtime:
             seen.add(storage_ptr(gu))
             out[u] = gu
         return out
+
+
+def _infer_loss(y: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    if y.dim() == 2 and y.shape[0] == target.shape[0] and not target.is_floating_point():
+        return F.cross_entropy(y, target).detach()
+    return torch.tensor(float("nan"))
 
 
 # ---------------------------------------------------------------------- results
@@ -629,16 +634,15 @@ def execute(
     tolerance_fraction: float = TOLERANCE_FRACTION,
     tolerance_min_bytes: int = TOLERANCE_MIN_BYTES,
 ) -> ExecutionResult:
-    """Run ``sched`` for one training step, ``warmup + n_steps`` times (plus one step under
-    the profiler when a CPU device is used, for its memory).
+    """Run ``sched`` for one training step (for a graph captured with ``mode="infer"``: one
+    forward pass, whose loss is reported but not differentiated), ``warmup + n_steps`` times
+    (plus one step under the profiler when a CPU device is used, for its memory).
 
     Every step starts from the same state (random state, batch-norm buffers, zeroed gradient
     buffers), so the module's state afterwards is the state after one step, and the loss and
     gradients reported are those of one step. Raises ``ValueError`` for a schedule of another
     graph or device mix (and ``ScheduleError``, a ``ValueError``, for an invalid one).
     """
-    if captured.mode != "train":
-        raise ValueError("execute runs training steps; capture the model with mode='train'")
     if n_steps < 1 or warmup < 0:
         raise ValueError("n_steps must be >= 1 and warmup >= 0")
     _check_inputs(captured, inst, sched)
@@ -816,10 +820,11 @@ def reference_step(
     spec = parse_device(device)
     dev = spec.torch_device
     module = captured.module if not spec.is_cuda else copy.deepcopy(captured.module).to(dev)
-    module.train(captured.mode == "train")
+    train = captured.mode == "train"
+    module.train(train)
     x = captured.example_input.to(dev)
     target = captured.target.to(dev)
-    params = [p for p in module.parameters() if p.requires_grad]
+    params = [p for p in module.parameters() if p.requires_grad] if train else []
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
@@ -840,9 +845,13 @@ def reference_step(
         ctx = torch.profiler.record_function(f"{LABEL_PREFIX}ref|{device}|0") if labelled else (
             nullcontext()
         )
-        with ctx, torch.enable_grad():
-            loss = F.cross_entropy(module(x), target)
-            loss.backward()
+        if train:
+            with ctx, torch.enable_grad():
+                loss = F.cross_entropy(module(x), target)
+                loss.backward()
+        else:
+            with ctx, torch.no_grad():
+                loss = _infer_loss(module(x), target)
         out["loss"] = loss.detach()
 
     times = []
@@ -884,7 +893,11 @@ def reference_step(
             + [p.grad for p in module.parameters()]
             + [x, target]
         )
-    grads = {n: p.grad.detach().to("cpu").clone() for n, p in module.named_parameters() if p.requires_grad}
+    grads = {
+        n: p.grad.detach().to("cpu").clone()
+        for n, p in module.named_parameters()
+        if train and p.requires_grad and p.grad is not None
+    }
     return ExecutionResult(
         loss=float(out["loss"].item()),
         param_grads=grads,
