@@ -36,6 +36,10 @@ from xengine.pipeline import (
 from xengine.solvers import SolverOptions, SolverUnavailable
 from xengine.units import MemorySpecError, format_bytes
 
+# torch.profiler (used to capture graphs and to measure CPU memory) prints kineto's own
+# status lines on stderr from C++; they would bury our messages. Set before torch loads.
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+
 REPO = Path(__file__).resolve().parent
 CONF = REPO / "conf"
 EXIT_BAD_INPUT = 2

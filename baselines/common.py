@@ -78,7 +78,7 @@ def solve_r_opt(
     ``S`` is (T, n) or (1, T, n), strictly lower-triangular. Every stage computes exactly the
     nodes it cannot do without, so no computation can be removed and none is a recomputation
     of a resident value (which the simulator rejects). Any valid ``R`` for this ``S``
-    contains this one, so its time and the memory at each of its steps are no larger.
+    contains this one, so its time is no larger.
 
     ``drop_unused=True`` first removes residents that their stage neither reads nor keeps for
     the next stage (walking stages backwards, so that a value kept only to be dropped later
@@ -151,10 +151,10 @@ def articulation_points(graph: Graph) -> list[int]:
 
     The forward graph is taken undirected, with a sentinel source joined to every forward
     node without forward inputs and a sentinel sink joined to every forward node whose value
-    leaves the forward graph (read by the loss, or by nothing forward). A cut vertex then
-    separates everything before it from everything after it, so keeping it splits the
-    network into independent segments; on a chain every forward node is one, which is why
-    Checkmate's AP variants reduce to the plain ones on chains.
+    leaves the forward graph (read by the loss, or by nothing forward). No path from the
+    inputs to the outputs avoids a cut vertex, so keeping it splits the network into
+    segments that can be recomputed independently; on a chain every forward node is one,
+    which is why Checkmate's AP variants reduce to the plain ones on chains.
 
     networkx's biconnected-components search (Hopcroft-Tarjan) finds them in O(V + E);
     Checkmate deletes each node in turn and tests connectivity, O(V * E). networkx is already

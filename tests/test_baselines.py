@@ -23,7 +23,6 @@ from baselines.heuristics import (
     sqrtn_checkpoints,
 )
 from baselines.lp_rounding import solve_lp_rounding
-from tests.helpers import DOUBLE_SKIP, INCEPTION, RESIDUAL
 from xengine.graph.synthetic import chain, linear_graph, training_graph
 from xengine.problem import Instance
 from xengine.schedule import Schedule, keep_all_schedule
@@ -32,6 +31,11 @@ from xengine.solvers import SolverOptions, SolverUnavailable
 
 OPTS = SolverOptions(time_limit_s=60, rel_gap=1e-9)
 DEV = "cpu"
+# forward edges of the hand-made DAGs (as in tests/helpers.py, which plain `pytest` cannot
+# import while tests/ is not a package)
+RESIDUAL = [(0, 1), (1, 2), (2, 3), (0, 3)]
+INCEPTION = [(0, 1), (0, 2), (1, 3), (2, 3), (3, 4)]
+DOUBLE_SKIP = [(0, 1), (1, 2), (2, 3), (3, 4), (0, 2), (2, 4)]
 
 
 def _dag(name, edges, n_fwd, saves_input=True):

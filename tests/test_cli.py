@@ -130,6 +130,7 @@ BAD_INPUT = [
     (["graph={cycle}", "mem=5MiB"], ["cycle.json", "cycle", "'f1'", "'f2'", "'f3'"]),
     (["graph={missing}", "mem=5MiB"], ["missing.json", "links[2].target", "99"]),
     (["graph={tmp}/nowhere.json"], ["nowhere.json", "does not exist"]),
+    (["net=tiny", "profile.path={profile}"], ["bad_profile.json", "'key'"]),
 ]
 
 
@@ -140,7 +141,9 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, graph_file, args, words):
         "cycle": _cycle_file(tmp_path),
         "missing": _missing_node_file(tmp_path),
         "tmp": tmp_path,
+        "profile": tmp_path / "bad_profile.json",
     }
+    paths["profile"].write_text('{"format": "xengine-profile", "version": 1}')
     proc = run_cli(tmp_path, *(a.format(**paths) for a in args))
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
@@ -416,6 +419,42 @@ def test_several_devices_run_single_device_baselines_per_device_and_xengine(tmp_
 def test_infer_mode_on_a_graph_file_keeps_the_forward_part(graph_file):
     prep = prepare(RunConfig(graph_path=str(graph_file), mode="infer", mem=("100%",)))
     assert [v.kind for v in prep.graph.nodes] == ["fwd"] * 6
+
+
+# --------------------------------------------------------------------------- tiny network
+def test_tiny_net_schedules_execute_and_match_plain_pytorch(tmp_path):
+    """capture -> profile -> solve -> execute: every schedule that fits is run, measured, and
+    its loss and gradients equal plain PyTorch's (the tiny net has dropout and batch norm, so
+    this needs every run to start from the same random state and buffers)."""
+    cfg = RunConfig(
+        net="tiny",
+        batch_size=2,
+        image_size=32,
+        num_classes=10,
+        mem=("100%",),
+        strategies=("checkpoint_all", "chen_sqrtn"),
+        n_steps=1,
+        warmup=0,
+        profile_repeats=1,
+        profile_warmup=0,
+        profile_cache_dir=str(tmp_path / "profiles"),
+        progress=False,
+    )
+    rec = Recorder()
+    rows = run_pipeline(cfg, rec)
+    by = {r.label: r for r in rows}
+    assert [r.label for r in rows] == ["pytorch", "checkpoint_all", "chen_sqrtn"]
+    assert by["pytorch"].measured_time_s > 0 and by["pytorch"].measured_peak_bytes[0] > 0
+    for label in ("checkpoint_all", "chen_sqrtn"):
+        assert by[label].status == "feasible", by[label].note
+        assert by[label].measured_time_s > 0
+        assert by[label].grads_match is True, label
+        assert rec.metrics_[f"{label}/grads_match"] == 1.0
+    assert by["chen_sqrtn"].n_recomputes > 0  # a recomputing schedule matches too
+    assert json.loads(rec.artifacts["profile.json"])["format"] == "xengine-profile"
+    assert rec.tags_["xe.profile_source"].startswith("measured on")
+    assert rec.tags_["xe.profile_file"].startswith(str(tmp_path / "profiles"))
+    assert Path(rec.tags_["xe.profile_file"]).exists()  # cached for the next run
 
 
 # --------------------------------------------------------------------------- real network

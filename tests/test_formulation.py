@@ -174,3 +174,16 @@ def test_case_c_two_devices_fit_where_neither_alone_does():
     assert res.sim.within_budget
     assert all(res.sim.peak_bytes <= budget)
     assert res.schedule.R[0].any() and (res.schedule.R[1].any() or res.schedule.S[1].any())
+
+
+def test_warm_started_solve_returns_the_optimum_not_the_start():
+    # HiGHS 1.16 once returned the MIP start's values with the optimum's objective here
+    from baselines.heuristics import solve_chen_greedy
+
+    inst = _single(chain(3), "cpu", 4000)
+    start = solve_chen_greedy(inst)
+    assert start.sim.time_s == pytest.approx(12.0)
+    res = solve_xengine(inst, warm_start=start.schedule, options=OPTS)
+    assert res.status == "optimal"
+    assert res.objective_s == pytest.approx(10.0)
+    assert res.sim.time_s == pytest.approx(10.0)

@@ -309,6 +309,7 @@ class Prepared:
     known_feasible_bytes: int | None
     captured: Any = None  # xengine.graph.capture.CapturedModel
     start_state: StartState | None = None
+    profile: Any = None  # xengine.profile.profiler.Profile loaded from profile.path
 
 
 class StartState:
@@ -352,7 +353,7 @@ def prepare(cfg: RunConfig) -> Prepared:
     smallest feasible one on every device is a :class:`BudgetError` naming that budget.
     """
     specs = cfg.validate()
-    captured = None
+    captured = profile = None
     if cfg.graph_path is not None:
         from xengine.graph.io import load_graph
 
@@ -372,6 +373,8 @@ def prepare(cfg: RunConfig) -> Prepared:
         if cfg.execute and cfg.mode == "infer":
             log.info("mode=infer: schedules are solved, not executed")
         _check_devices_exist(cfg)
+        if cfg.profile_path is not None:
+            profile = _read_profile(cfg.profile_path, cfg.devices)
         from xengine.graph.capture import capture_net
 
         log.info(
@@ -391,6 +394,8 @@ def prepare(cfg: RunConfig) -> Prepared:
             seed=cfg.seed,
         )
         graph = captured.graph
+        if profile is not None:
+            graph = _apply_read_profile(profile, graph)
 
     view = _bytes_view(graph)
     keep_all = view.keep_all_peak_bytes()
@@ -414,7 +419,7 @@ def prepare(cfg: RunConfig) -> Prepared:
         _budget_text(specs, budgets),
     )
     start = StartState(captured.module) if captured is not None else None
-    return Prepared(graph, budgets, keep_all, int(lower), known, captured, start)
+    return Prepared(graph, budgets, keep_all, int(lower), known, captured, start, profile)
 
 
 def _budget_text(specs: tuple[MemorySpec, ...], budgets: tuple[int, ...]) -> str:
@@ -490,7 +495,10 @@ def run_pipeline(
         }
     )
     if prep.captured is not None:
-        graph = _apply_profile(cfg, prep, tracker)
+        profile, profile_file = prep.profile, cfg.profile_path
+        if profile is None:
+            profile, profile_file, graph = _measure_profile(cfg, prep)
+        _record_profile(profile, str(profile_file), tracker)
     inst = Instance(graph, cfg.devices, prep.budget_bytes)
 
     rows: list[RunRow] = []
@@ -532,43 +540,64 @@ def run_pipeline(
     return rows
 
 
-def _apply_profile(cfg: RunConfig, prep: Prepared, tracker: Tracker) -> Graph:
-    from xengine.profile.profiler import Profile, apply_profile, profile_model
+def _read_profile(path: str, devices: tuple[str, ...]) -> Any:
+    """The profile file a user brought (``profile.path``); a malformed file, or one without
+    times for a configured device, is a :class:`ConfigError` naming the file and the field."""
+    from xengine.profile.profiler import Profile, ProfileError
 
-    if cfg.profile_path is not None:
-        log.info("loading profile %s", cfg.profile_path)
-        profile = Profile.load(Path(cfg.profile_path))
-        profile_file = str(cfg.profile_path)
-    else:
-        log.info(
-            "profiling %s on %s (cached under %s)",
-            cfg.net,
-            ",".join(cfg.devices),
-            cfg.profile_cache_dir,
+    try:
+        profile = Profile.load(Path(path))
+    except ProfileError as exc:
+        raise ConfigError(str(exc)) from None
+    missing = [d for d in devices if d not in profile.compute_s]
+    if missing:
+        raise ConfigError(
+            f"{path}: field 'compute_s' has no times for device {missing[0]!r} "
+            f"(it has {', '.join(profile.compute_s)}); set devices= accordingly"
         )
-        profile = profile_model(
-            prep.captured,
-            cfg.devices,
-            repeats=cfg.profile_repeats,
-            warmup=cfg.profile_warmup,
-            cache_dir=Path(cfg.profile_cache_dir),
-            progress=cfg.progress,
-        )
-        profile_file = str(getattr(profile, "path", None) or Path(cfg.profile_cache_dir))
+    return profile
+
+
+def _apply_read_profile(profile: Any, graph: Graph) -> Graph:
+    """Costs from a user's profile; one measured for another graph is a :class:`ConfigError`."""
+    from xengine.profile.profiler import ProfileError, apply_profile
+
+    try:
+        return apply_profile(graph, profile)
+    except ProfileError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _measure_profile(cfg: RunConfig, prep: Prepared) -> tuple[Any, str, Graph]:
+    """Profile the captured model on the configured devices (or take it from the cache)."""
+    from xengine.profile.profiler import apply_profile, cache_path, profile_key, profile_model
+
+    cache_dir = Path(cfg.profile_cache_dir)
+    log.info("profiling %s on %s (cache %s)", cfg.net, ",".join(cfg.devices), cache_dir)
+    profile = profile_model(
+        prep.captured,
+        cfg.devices,
+        repeats=cfg.profile_repeats,
+        warmup=cfg.profile_warmup,
+        cache_dir=cache_dir,
+        progress=cfg.progress,
+    )
+    path = cache_path(cache_dir, profile_key(prep.captured, cfg.devices))
+    return profile, str(path), apply_profile(prep.graph, profile)
+
+
+def _record_profile(profile: Any, profile_file: str, tracker: Tracker) -> None:
+    """Say which profile drove the run, and keep a copy of it."""
+    import tempfile
+
     tracker.tags(
         {
             "xe.profile_source": str(profile.source),
-            "xe.profile_key": str(profile.key),
             "xe.profile_file": profile_file,
+            "xe.profile_key": str(profile.key_hash),
+            "xe.profile_measured": str(profile.measured),
         }
     )
-    _profile_artifact(profile, tracker)
-    return apply_profile(prep.graph, profile)
-
-
-def _profile_artifact(profile: Any, tracker: Tracker) -> None:
-    import tempfile
-
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "profile.json"
         profile.save(path)
@@ -646,7 +675,7 @@ def _row(label: str, res: StrategyResult) -> RunRow:
         solve_time_s=res.solve_time_s,
         build_time_s=res.build_time_s or None,
         gap=res.gap,
-        note=res.message,
+        note="" if res.message.strip().lower() in ("optimal", res.status) else res.message,
         result=res,
     )
     if sim is not None:

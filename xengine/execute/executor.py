@@ -50,6 +50,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from xengine.graph.capture import CapturedModel, alias_leaf, fixed_storage_ptrs, storage_ptr
+from xengine.graph.types import CopyModel
 from xengine.problem import Instance
 from xengine.schedule import Schedule
 from xengine.simulate import Op, simulate
@@ -211,9 +212,7 @@ class _Runtime:
         self.fixed_ptrs = {
             d: fixed_storage_ptrs(r, self.x[d], self.target[d]) for d, r in self.roots.items()
         }
-        self.run_fns = {
-            d: [spec.bind(self.roots[d]) for spec in self.ops] for d in self.devices
-        }
+        self.run_fns = {d: [spec.bind(self.roots[d]) for spec in self.ops] for d in self.devices}
         consumers: dict[int, list[int]] = {i: [] for i in range(self.nf)}
         for s in self.ops:
             for u in s.grad_inputs:
@@ -344,8 +343,9 @@ class _Runtime:
         if first and spec.mutates_buffers:
             self.first_fwd_device[v] = d
         try:
-            with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(
-                _pack_into(handles), _unpack
+            with (
+                torch.enable_grad(),
+                torch.autograd.graph.saved_tensors_hooks(_pack_into(handles), _unpack),
             ):
                 y = run(leaves, self.x[d])
                 if any(storage_ptr(y) == storage_ptr(t) for t in ins) or (
@@ -497,6 +497,13 @@ def _check_inputs(cap: CapturedModel, inst: Instance, sched: Schedule) -> None:
                 f"node {i} is {a.name!r} ({a.kind}) in the instance's graph but {b.name!r} "
                 f"({b.kind}) in the captured model: the schedule is for another graph"
             )
+    for i, (a, b) in enumerate(zip(g.nodes, h.nodes, strict=True)):
+        if a.output_bytes != b.output_bytes:
+            raise ValueError(
+                f"node {i} ({a.name!r}) has {a.output_bytes} bytes in the instance's graph but "
+                f"{b.output_bytes} in the captured model: the schedule is for another graph "
+                "(other batch or input size?)"
+            )
     if {(e.src, e.dst) for e in g.edges} != {(e.src, e.dst) for e in h.edges}:
         raise ValueError(
             f"the instance's graph {g.name!r} has other edges than the captured model's"
@@ -504,8 +511,7 @@ def _check_inputs(cap: CapturedModel, inst: Instance, sched: Schedule) -> None:
     n = h.size
     if sched.R.shape != (len(inst.devices), n, n):
         raise ValueError(
-            f"the schedule has shape {sched.R.shape}; the graph needs "
-            f"{(len(inst.devices), n, n)}"
+            f"the schedule has shape {sched.R.shape}; the graph needs {(len(inst.devices), n, n)}"
         )
     specs = {d: parse_device(d) for d in inst.devices}
     # a stochastic op must replay its random state on the same generator
@@ -646,7 +652,8 @@ def execute(
     if n_steps < 1 or warmup < 0:
         raise ValueError("n_steps must be >= 1 and warmup >= 0")
     _check_inputs(captured, inst, sched)
-    sim = simulate(inst, sched, check_budget=False)
+    sim_inst, has_costs = _costed(inst)
+    sim = simulate(sim_inst, sched, check_budget=False)
     ops = sim.ops
     devices = tuple(inst.devices)
     rt = _Runtime(captured, devices)
@@ -678,9 +685,7 @@ def execute(
         rt.reset()
         rt.zero_grads()
         for op in ops:
-            ctx = (
-                torch.profiler.record_function(_label(op, devices)) if labelled else nullcontext()
-            )
+            ctx = torch.profiler.record_function(_label(op, devices)) if labelled else nullcontext()
             with ctx:
                 d = devices[op.device]
                 if op.kind == "compute":
@@ -731,6 +736,7 @@ def execute(
             if p.requires_grad and p.grad is not None
         }
     finally:
+        rt.reset()
         torch.set_num_threads(threads0)
     fixed_cpu = _storage_bytes(
         [*captured.gm.parameters(), *captured.gm.buffers()]
@@ -771,7 +777,7 @@ def execute(
         budget_tolerance_bytes=max(tol.values()),
         tolerance_bytes=tol,
         predicted_peak_bytes=predicted,
-        predicted_time_s=_predicted_time(inst, sched),
+        predicted_time_s=float(sim.time_s) if has_costs else None,
         budget_bytes=budgets,
         violations=violations,
         memory_source=memory_source,
@@ -780,11 +786,21 @@ def execute(
     )
 
 
-def _predicted_time(inst: Instance, sched: Schedule) -> float | None:
-    try:
-        return float(simulate(inst, sched, check_budget=False).time_s)
-    except Exception:  # the graph may have no costs for these devices
-        return None
+def _costed(inst: Instance) -> tuple[Instance, bool]:
+    """The instance, with zero costs filled in where the graph has none (the executor needs
+    the simulator's operations, not its times). Second value: whether all costs were there."""
+    g = inst.graph
+    missing = [d for d in inst.devices if any(d not in v.cost_s for v in g.nodes)]
+    pairs = [
+        (a, b) for a in inst.devices for b in inst.devices if a != b and (a, b) not in g.copy_models
+    ]
+    if not missing and not pairs:
+        return inst, True
+    g2 = g.with_costs(
+        {d: {v.name: float(v.cost_s.get(d, 0.0)) for v in g.nodes} for d in missing},
+        {p: CopyModel(0.0, float("inf")) for p in pairs},
+    )
+    return Instance(g2, inst.devices, inst.budget_bytes), False
 
 
 def _sync_back(cap: CapturedModel, rt: _Runtime) -> None:
@@ -842,8 +858,10 @@ def reference_step(
             for p in params:
                 p.grad.zero_()
         _set_rng(dev, rng0)
-        ctx = torch.profiler.record_function(f"{LABEL_PREFIX}ref|{device}|0") if labelled else (
-            nullcontext()
+        ctx = (
+            torch.profiler.record_function(f"{LABEL_PREFIX}ref|{device}|0")
+            if labelled
+            else (nullcontext())
         )
         if train:
             with ctx, torch.enable_grad():

@@ -385,9 +385,7 @@ def _trace_ops(
         pnames: list[str] = []
         if module_path is not None:
             sub = gm.get_submodule(module_path)
-            pnames = [
-                f"{module_path}.{n}" for n, p in sub.named_parameters() if p.requires_grad
-            ]
+            pnames = [f"{module_path}.{n}" for n, p in sub.named_parameters() if p.requires_grad]
 
         def find_params(a: Any, pnames=pnames) -> None:
             if isinstance(a, nn.Parameter) and a.requires_grad and id(a) in param_name_of:
@@ -435,8 +433,9 @@ def _trace_ops(
             [b._version for b in gm.get_submodule(module_path).buffers()] if module_path else []
         )
         try:
-            with torch.set_grad_enabled(train), torch.autograd.graph.saved_tensors_hooks(
-                pack, unpack
+            with (
+                torch.set_grad_enabled(train),
+                torch.autograd.graph.saved_tensors_hooks(pack, unpack),
             ):
                 y = run(leaves, x)
         except Exception as exc:
@@ -478,7 +477,9 @@ def _trace_ops(
 
         spec.inputs = tuple(inputs)  # type: ignore[assignment]  # fx nodes, renumbered below
         spec.requires_grad = bool(train and y.requires_grad)
-        spec.grad_inputs = tuple(u for u, s in zip(inputs, in_specs, strict=True) if s.requires_grad)
+        spec.grad_inputs = tuple(
+            u for u, s in zip(inputs, in_specs, strict=True) if s.requires_grad
+        )
         spec.saved_inputs = tuple(saved_inputs)
         spec.saves_output = saves_output
         spec.extra_bytes = sum(extras.values())

@@ -113,9 +113,9 @@ class Profile:
                 raise fail(f"compute_s.{dev}", "expected a non-empty object node -> seconds")
             compute_s[dev] = {}
             for node, t in table.items():
-                compute_s[dev][node] = _nonneg(t, lambda m, n=node, d=dev: fail(
-                    f"compute_s.{d}.{n}", m
-                ))
+                compute_s[dev][node] = _nonneg(
+                    t, lambda m, n=node, d=dev: fail(f"compute_s.{d}.{n}", m)
+                )
         copies: dict[tuple[str, str], CopyModel] = {}
         raw = data.get("copy", [])
         if not isinstance(raw, list):
@@ -251,16 +251,16 @@ def profile_model(
             log.warning("ignoring unreadable cached profile: %s", exc)
         else:
             if cached.key == key:
-                log.info("profile of %s (batch %d) loaded from %s", key["net"], key["batch_size"], path)
+                log.info(
+                    "profile of %s (batch %d) loaded from %s", key["net"], key["batch_size"], path
+                )
                 return cached
             log.warning("cached profile %s has another key; measuring again", path)
     t0 = time.perf_counter()
     compute_s, copy = _measure(captured, devices, repeats, warmup, progress)
     measured = (
         f"measured on {socket.gethostname()} ({cpu_model()}"
-        + "".join(
-            f", {k['name']}" for k in key["devices"].values() if k.get("kind") == "cuda"
-        )
+        + "".join(f", {k['name']}" for k in key["devices"].values() if k.get("kind") == "cuda")
         + f") at {datetime.now(UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}"
     )
     prof = Profile(key=key, compute_s=compute_s, copy=copy, source=measured, measured=measured)
@@ -411,7 +411,9 @@ def apply_profile(graph: Graph, profile: Profile) -> Graph:
         if missing or extra:
             what = []
             if missing:
-                what.append(f"has no time for {len(missing)} node(s) of the graph (first: {missing[0]!r})")
+                what.append(
+                    f"has no time for {len(missing)} node(s) of the graph (first: {missing[0]!r})"
+                )
             if extra:
                 what.append(f"times {len(extra)} node(s) the graph lacks (first: {extra[0]!r})")
             raise ProfileError(f"{src}: field 'compute_s.{d}' " + " and ".join(what))

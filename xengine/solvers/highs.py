@@ -105,6 +105,19 @@ def solve_highs(
     has_sol = info.primal_solution_status == highspy.SolutionStatus.kSolutionStatusFeasible
     x = np.array(h.getSolution().col_value) if has_sol else None
     obj = float(info.objective_function_value) if has_sol else None
+    if x is not None and warm_start is not None and not np.isclose(
+        model.objective(x), obj, rtol=1e-7, atol=1e-9
+    ):
+        # HiGHS 1.16 can report the optimum found after presolve yet hand back the MIP
+        # start's values (seen on small Checkmate models); the start is dropped and the
+        # model solved again, so the schedule returned is the one the objective describes.
+        log.warning(
+            "HiGHS returned its MIP start (objective %.9g) while reporting %.9g; solving again "
+            "without the start",
+            model.objective(x),
+            obj,
+        )
+        return solve_highs(model, options, warm_start=None, progress=progress)
     is_mip = model.n_integer > 0 and not options.relax
     bound = float(info.mip_dual_bound) if is_mip else obj
     if ms == S.kOptimal:

@@ -1,0 +1,188 @@
+"""Executing schedules with torch (xengine/execute/executor.py): same numbers as plain PyTorch,
+memory measured from the allocator as the simulator predicts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from _nets import buffers, costed, resnet18_small, run_beside_reference, set_buffers, tiny
+from _schedules import checkpoint_schedule, forward_devices
+
+from xengine.execute.executor import execute, reference_step
+from xengine.graph.capture import capture_net
+from xengine.problem import Instance
+from xengine.schedule import Schedule, keep_all_schedule
+from xengine.simulate import simulate
+
+
+def single(cap, device: str = "cpu", budget: int | None = None) -> Instance:
+    return Instance.single(costed(cap.graph, [device]), device, budget)
+
+
+def within(measured: int, predicted: int, frac: float = 0.10) -> bool:
+    return abs(measured - predicted) <= frac * predicted
+
+
+# ---------------------------------------------------------------------- numbers
+def test_tiny_keep_all_matches_plain_pytorch():
+    cap = tiny()
+    inst = single(cap)
+    res, ref = run_beside_reference(cap, inst, keep_all_schedule(inst))
+    assert np.isfinite(res.loss) and res.step_time_s > 0 and len(res.step_times_s) == 1
+    # the comparison can fail: another random state draws other dropout masks
+    start = buffers(cap)
+    torch.manual_seed(1)
+    other = execute(cap, inst, keep_all_schedule(inst), n_steps=1, warmup=0, measure_memory=False)
+    set_buffers(cap, start)
+    assert other.loss != ref.loss
+    assert not torch.equal(other.param_grads["fc.weight"], ref.param_grads["fc.weight"])
+
+
+def test_tiny_recomputation_from_scratch_matches_plain_pytorch():
+    """Every backward stage recomputes the forward values it needs from the batch: dropout
+    must replay its mask and batch norm must update its running statistics only once."""
+    cap = tiny()
+    inst = single(cap)
+    sched = checkpoint_schedule(inst, keep=set())
+    sim = simulate(inst, sched)
+    by = {v.name: i for i, v in enumerate(cap.graph.nodes)}
+    assert sim.n_recomputes > 20
+    assert sched.R[0, :, by["drop"]].sum() > 1 and sched.R[0, :, by["bn1"]].sum() > 1
+    run_beside_reference(cap, inst, sched)
+
+
+def test_budgeted_schedule_repeats_the_same_step():
+    cap = tiny()
+    inst = single(cap)
+    sched = checkpoint_schedule(inst, keep={0, 3, 6})
+    start = buffers(cap)
+    torch.manual_seed(0)
+    res = execute(cap, inst, sched, n_steps=3, warmup=1, measure_memory=False)
+    after = buffers(cap)
+    set_buffers(cap, start)
+    torch.manual_seed(0)
+    one = execute(cap, inst, sched, n_steps=1, warmup=0, measure_memory=False)
+    set_buffers(cap, start)
+    # four steps leave the state of one: each step starts from the same state
+    assert len(res.step_times_s) == 3 and res.step_time_s == sorted(res.step_times_s)[1]
+    assert res.loss == one.loss
+    for n, g in one.param_grads.items():
+        assert torch.equal(res.param_grads[n], g), n
+    assert not torch.equal(after["bn1.running_mean"], start["bn1.running_mean"])
+
+
+def test_resnet18_keep_all_and_checkpointing_match_plain_pytorch():
+    cap = resnet18_small()
+    inst = single(cap)
+    run_beside_reference(cap, inst, keep_all_schedule(inst))
+    sched = checkpoint_schedule(inst, keep=set(range(0, cap.n_forward, 4)))
+    assert simulate(inst, sched).n_recomputes > 0
+    run_beside_reference(cap, inst, sched)
+
+
+def test_two_logical_cpu_devices_match_plain_pytorch():
+    cap = tiny()
+    devices = ("cpu1", "cpu2")
+    inst = Instance(costed(cap.graph, devices), devices, (10**9, 10**9))
+    nf = cap.n_forward
+    fwd_dev = [0 if v < nf // 2 else 1 for v in range(nf)]
+    sched = checkpoint_schedule(
+        inst, keep={0, 5, 8}, device_of=forward_devices(inst, fwd_dev, loss_device=1)
+    )
+    sim = simulate(inst, sched)
+    assert sim.n_copies > 0 and sched.R[0].any() and sched.R[1].any()
+    # other thread counts sum in another order: close, not bit-identical
+    res, _ = run_beside_reference(cap, inst, sched, rtol=1e-4, atol=1e-6, measure_memory=True)
+    for d in devices:
+        assert res.peak_bytes[d] > 0
+        assert within(res.peak_bytes[d], res.predicted_peak_bytes[d]), (d, res)
+
+
+# ---------------------------------------------------------------------- memory
+def test_tiny_measured_peak_is_the_predicted_peak():
+    cap = tiny(8)
+    inst = single(cap)
+    keep_all = keep_all_schedule(inst)
+    ckpt = checkpoint_schedule(inst, keep=set())
+    peaks = {}
+    for name, sched in (("keep_all", keep_all), ("recompute", ckpt)):
+        res = execute(cap, inst, sched, n_steps=1, warmup=0)
+        predicted = int(simulate(inst, sched).peak_bytes[0])
+        assert res.predicted_peak_bytes["cpu"] == predicted
+        assert within(res.peak_bytes["cpu"], predicted), (name, res.peak_bytes, predicted)
+        assert res.fixed_bytes["cpu"] >= cap.graph.fixed_bytes > 0
+        peaks[name] = res.peak_bytes["cpu"]
+    # recomputation really frees memory: the allocator sees a lower peak
+    assert peaks["recompute"] < 0.9 * peaks["keep_all"]
+
+
+def test_budget_excess_is_reported():
+    cap = tiny(8)
+    sched_inst = single(cap)
+    sched = keep_all_schedule(sched_inst)
+    predicted = int(simulate(sched_inst, sched).peak_bytes[0])
+    ok = execute(cap, single(cap, budget=predicted), sched, n_steps=1, warmup=0)
+    assert ok.within_budget and ok.budget_tolerance_bytes > 0
+    tight = single(cap, budget=predicted // 2)
+    bad = execute(cap, tight, sched, n_steps=1, warmup=0, tolerance_min_bytes=0)
+    assert not bad.within_budget and "cpu" in bad.violations[0]
+
+
+@pytest.mark.slow
+def test_resnet18_224_measured_peak_is_the_predicted_peak():
+    cap = capture_net("resnet18", 4, image_size=224)
+    inst = single(cap)
+    for sched in (keep_all_schedule(inst), checkpoint_schedule(inst, keep=set(range(0, 69, 3)))):
+        res = execute(cap, inst, sched, n_steps=1, warmup=0)
+        predicted = int(simulate(inst, sched).peak_bytes[0])
+        assert within(res.peak_bytes["cpu"], predicted), (res.peak_bytes, predicted)
+
+
+def test_reference_step_measures_memory():
+    cap = tiny(8)
+    start = buffers(cap)
+    ref = reference_step(cap, n_steps=1, warmup=0)
+    set_buffers(cap, start)
+    inst = single(cap)
+    # plain PyTorch keeps every saved tensor until backward, like keep-all
+    keep_all = int(simulate(inst, keep_all_schedule(inst)).peak_bytes[0])
+    assert 0.5 * keep_all < ref.peak_bytes["cpu"] < 1.5 * keep_all
+
+
+# ---------------------------------------------------------------------- bad input
+def test_schedule_for_other_devices_or_graph_is_rejected():
+    cap = tiny()
+    inst = single(cap)
+    sched = keep_all_schedule(inst)
+    other_dev = Schedule(("cpu1",), sched.R, sched.S)
+    with pytest.raises(ValueError, match="devices"):
+        execute(cap, inst, other_dev, n_steps=1, warmup=0)
+    other = capture_net("tiny", 2, image_size=16, measure_workspace=False)
+    with pytest.raises(ValueError, match="another graph"):
+        execute(other, inst, sched, n_steps=1, warmup=0)
+    small = single(resnet18_small())
+    with pytest.raises(ValueError, match="nodes"):
+        execute(cap, small, keep_all_schedule(small), n_steps=1, warmup=0)
+    bad = Instance(costed(cap.graph, ["tpu"]), ("tpu",), (10**9,))
+    with pytest.raises(ValueError, match="unknown device 'tpu'"):
+        execute(cap, bad, Schedule(("tpu",), sched.R, sched.S), n_steps=1, warmup=0)
+
+
+# ---------------------------------------------------------------------- cuda
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cpu_and_cuda_match_plain_pytorch():
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    cap = resnet18_small()
+    devices = ("cpu", "cuda")
+    inst = Instance(costed(cap.graph, devices), devices, (10**10, 10**10))
+    nf = cap.n_forward
+    fwd_dev = [1 if v < nf // 2 else 0 for v in range(nf)]
+    sched = checkpoint_schedule(
+        inst, keep=set(range(0, nf, 3)), device_of=forward_devices(inst, fwd_dev, loss_device=0)
+    )
+    res, _ = run_beside_reference(cap, inst, sched, rtol=1e-3, atol=1e-5, measure_memory=True)
+    assert res.peak_bytes["cuda"] > 0 and res.peak_bytes["cpu"] > 0
+    assert res.fixed_bytes["cuda"] > 0
