@@ -137,10 +137,14 @@ def _highs_banner_to_stderr() -> None:
         os.close(saved)
 
 
-def _set_console_level(level: str) -> None:
-    lvl = logging.getLevelName(str(level).upper())
+def _level(name: Any) -> int:
+    lvl = logging.getLevelName(str(name).upper())
     if not isinstance(lvl, int):
-        raise ConfigError(f"log_level={level!r} is not one of DEBUG, INFO, WARNING, ERROR")
+        raise ConfigError(f"log_level={name!r} is not one of DEBUG, INFO, WARNING, ERROR")
+    return lvl
+
+
+def _set_console_level(lvl: int) -> None:
     for h in logging.getLogger().handlers:
         if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
             h.setLevel(lvl)
@@ -152,7 +156,7 @@ def _run_name(cfg: DictConfig) -> str:
     return f"{what}-{mem}-{'+'.join(_as_tuple(cfg.devices))}-{cfg.solver.name}"
 
 
-def _tracker(cfg: DictConfig) -> Tracker:
+def _tracker(cfg: DictConfig, console_level: int = logging.WARNING) -> Tracker:
     from xengine.tracking import MlflowTracker, resolve_tracking_uri
 
     if not cfg.tracking.enabled:
@@ -170,7 +174,7 @@ def _tracker(cfg: DictConfig) -> Tracker:
         _run_name(cfg),
         tags=tags,
         repo=REPO,
-        console_level=logging.getLevelName(str(cfg.log_level).upper()),
+        console_level=console_level,
     )
 
 
@@ -181,9 +185,8 @@ def _start(tracker: Tracker, cfg: DictConfig) -> None:
     tracker.text_artifact(config_yaml(cfg), "config.yaml")
 
 
-def _finish(tracker: Tracker, table_csv: str) -> None:
-    """The table and Hydra's record of the job; the log file as written so far."""
-    tracker.text_artifact(table_csv, "table.csv")
+def _job_files(tracker: Tracker) -> None:
+    """Hydra's record of the job and the log file as written so far."""
     out = Path(HydraConfig.get().runtime.output_dir)
     if (out / ".hydra").is_dir():
         tracker.dir_artifacts(out / ".hydra", "hydra")
@@ -213,28 +216,30 @@ def main(cfg: DictConfig) -> None:
     from xengine.report import format_table, table_csv
 
     multirun = HydraConfig.get().mode.name == "MULTIRUN"
+    console = logging.WARNING
     try:
-        _set_console_level(cfg.log_level)
+        console = _level(cfg.log_level)
+        _set_console_level(console)
         run_cfg = run_config_from(cfg)
         prepared = prepare(run_cfg)
     except BAD_INPUT as exc:
         if not multirun:
             _fail(str(exc))
-        log.error("skipped: %s", exc)
-        tracker = _tracker(cfg)
-        with tracker:
+        log.error("skipped: %s", exc)  # a sweep records the point and goes on
+        with _tracker(cfg, console) as tracker:
             _start(tracker, cfg)
             tracker.tags({"xe.status": "skipped", "xe.error": str(exc)})
         return
 
     _highs_banner_to_stderr()
-    tracker = _tracker(cfg)
-    with tracker:
+    with _tracker(cfg, console) as tracker:
         _start(tracker, cfg)
-        rows = run_pipeline(run_cfg, tracker, prepared)
-        status = run_status(rows)
-        tracker.tags({"xe.status": status})
-        _finish(tracker, table_csv(rows))
+        try:
+            rows = run_pipeline(run_cfg, tracker, prepared)
+            tracker.tags({"xe.status": run_status(rows)})
+            tracker.text_artifact(table_csv(rows), "table.csv")
+        finally:
+            _job_files(tracker)
     print(format_table(rows, title=_title(run_cfg, prepared)))
 
 

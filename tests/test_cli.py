@@ -477,9 +477,13 @@ def test_tiny_net_end_to_end(tmp_path, store):
     run = runs.iloc[0]
     assert run["tags.xe.status"] == "ok", run.filter(like="tags.xe").to_dict()
     assert run["params.net.name"] == "tiny"
-    for s in ("pytorch", "checkmate", "chen_sqrtn"):
+    for s in ("pytorch", "checkmate"):
         assert run[f"metrics.{s}/measured_time_ms"] > 0
         assert run[f"metrics.{s}/measured_peak_mib"] > 0
-    assert run["metrics.checkmate/grads_match"] == 1.0
+    executed = [c.split("/")[0][8:] for c in runs.columns if c.endswith("/grads_match")]
+    assert "checkmate" in executed
+    for s in executed:  # every schedule that ran matches plain PyTorch
+        assert run[f"metrics.{s}/grads_match"] == 1.0, s
+        assert run[f"tags.xe.status.{s}"] in ("optimal", "feasible")
     assert run["tags.xe.profile_source"]
     assert "grads match" in proc.stdout

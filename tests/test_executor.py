@@ -186,3 +186,43 @@ def test_cpu_and_cuda_match_plain_pytorch():
     res, _ = run_beside_reference(cap, inst, sched, rtol=1e-3, atol=1e-5, measure_memory=True)
     assert res.peak_bytes["cuda"] > 0 and res.peak_bytes["cpu"] > 0
     assert res.fixed_bytes["cuda"] > 0
+
+
+class _FunctionalParams(torch.nn.Module):
+    """A parameter used by a function (an fx ``get_attr``), a view op and a three-way sum."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(6, 5))
+        self.lin = torch.nn.Linear(5, 3)
+
+    def forward(self, x):
+        h = torch.tanh(x @ self.w)
+        s = h + h.sin() + h.cos()
+        return self.lin(s.view(s.shape[0], -1))
+
+
+def test_functional_parameters_and_folded_sizes_match_plain_pytorch():
+    from xengine.graph.capture import capture
+
+    torch.manual_seed(0)
+    cap = capture(_FunctionalParams(), torch.randn(4, 6), torch.tensor([0, 1, 2, 0]))
+    by = {v.name: i for i, v in enumerate(cap.graph.nodes)}
+    assert "matmul" in by and "view" in by  # x.shape[0] was folded into a constant
+    assert [s.param_names for s in cap.ops if s.name == "matmul"] == [("w",)]
+    inst = single(cap)
+    # h has three consumers: their gradients are summed in autograd's order, bit for bit
+    res, _ = run_beside_reference(cap, inst, keep_all_schedule(inst), rtol=0, atol=0)
+    assert res.param_grads["w"].abs().sum() > 0
+    run_beside_reference(cap, inst, checkpoint_schedule(inst, keep=set()), rtol=0, atol=0)
+
+
+def test_inference_graph_runs_forward_only():
+    cap = capture_net("tiny", 4, mode="infer")
+    inst = single(cap)
+    sched = checkpoint_schedule(inst, keep=set())
+    res = execute(cap, inst, sched, n_steps=1, warmup=0)
+    ref = reference_step(cap, n_steps=1, warmup=0, measure_memory=False)
+    assert res.param_grads == {} and ref.param_grads == {}
+    assert np.isfinite(res.loss) and res.loss == ref.loss
+    assert within(res.peak_bytes["cpu"], res.predicted_peak_bytes["cpu"])

@@ -187,3 +187,49 @@ def test_warm_started_solve_returns_the_optimum_not_the_start():
     assert res.status == "optimal"
     assert res.objective_s == pytest.approx(10.0)
     assert res.sim.time_s == pytest.approx(10.0)
+
+
+# ----------------------------------------------------------------------------- reference form
+@pytest.mark.parametrize("seed", range(8))
+def test_reference_and_tight_forms_have_the_default_optimum(seed):
+    """The published form (full matrices, stage fixings as rows, no reductions) and the tight
+    FREE rows are rewritings of the exact model: same optimum, and each one's schedule
+    replays in the simulator to its own objective and peak."""
+    devices = ("a", "b", "c") if seed % 4 == 3 else (("a",) if seed % 3 == 0 else ("a", "b"))
+    g = random_graph(seed, devices=devices)
+    peak = g.keep_all_peak_bytes()
+    low = int(g.node_lower_bound_bytes().max())
+    for frac in (1.0, 0.4, 0.0):
+        inst = Instance(g, devices, tuple([int(low + frac * (peak - low))] * len(devices)))
+        default = solve_xengine(inst, options=OPTS)
+        for opts in ({"reference": True}, {"free_rows": "tight"}):
+            other = solve_xengine(inst, options=OPTS, build_options=opts)
+            assert other.status == default.status, opts
+            if default.status != "optimal":
+                continue
+            assert other.objective_s == pytest.approx(default.objective_s, rel=1e-7), opts
+            assert agree(other), opts
+            assert other.sim.within_budget
+        if frac == 1.0:
+            # a valid schedule is a feasible point of every form, at its simulated cost
+            ka = keep_all_schedule(inst)
+            for opts in ({}, {"reference": True}, {"free_rows": "tight"}):
+                form = build(inst, **opts)
+                x0 = form.assignment(ka)
+                assert form.model.max_violation(x0) < 1e-9, opts
+                assert form.objective_s(x0) == pytest.approx(simulate(inst, ka).time_s)
+
+
+def test_reference_model_is_larger_and_has_stage_rows():
+    g = random_graph(1)
+    inst = Instance(g, ("a", "b"), (10**9, 10**9))
+    d, r = build(inst), build(inst, reference=True)
+    n, E = g.size, len(g.edges)
+    assert r.model.n_vars > d.model.n_vars
+    assert (r.Rix >= 0).all() and (r.Six >= 0).all() and (r.Uix >= 0).all()
+    assert (r.Fix >= 0).sum() == 2 * n * E
+    assert (d.Six[:, np.triu_indices(n)[0], np.triu_indices(n)[1]] == -1).all()
+    with pytest.raises(ValueError):
+        build(inst, reference=True, free_rows="tight")
+    with pytest.raises(ValueError):
+        build(inst, free_rows="nope")

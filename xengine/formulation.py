@@ -21,6 +21,20 @@ memory recurrence U. The device index adds, per DESIGN.md section 6:
 
 Edges with ``copyable=False`` (a backward op reading its forward op's autograd state) are
 local in both modes: the reader must run where the state is.
+
+Two switches change how the same model is written, never its optimum:
+
+``reference=True``: the formulation as published, for side-by-side speed measurements
+    (issue 5): full T x n matrices for R, S, U (and Z) and FREE over every (t, e), the stage
+    structure (R above the diagonal, S on and above it) fixed by *rows*, hazard-count FREE
+    rows over every later reader, and none of the reductions of the default model (the
+    triangular allocation, the frontier fixed by bounds on one device, R fixed at zero on
+    devices whose budget cannot hold a node). Slow by design; never the default.
+``free_rows="tight"``: FREE as an AND linearisation instead of the hazard count: F continuous
+    in [0, 1], ``F <= c`` for every condition ``c`` and ``F >= sum(c) - (k - 1)``. At integer
+    R, S the rows force F to the same 0/1 value as the hazard rows, and the LP relaxation is
+    at least as tight (the hazard row ``kappa (1 - F) >= h`` is the sum of the ``F <= c``
+    rows). Whether it is faster is measured by ``experiments/solver_benchmark.py``.
 """
 
 from __future__ import annotations
@@ -37,6 +51,7 @@ from xengine.solvers.model import MilpModel, ModelBuilder
 
 log = logging.getLogger(__name__)
 MODES = ("exact", "paper")
+FREE_ROWS = ("hazard", "tight")
 
 
 @dataclass
@@ -140,10 +155,14 @@ class Formulation:
             freed[:, :, dst[e]] += F[:, :, e] * m[src[e]]
         for t in range(T):
             u = R[:, t, 0] * m[0] + S[:, t, :] @ m
-            for k in range(t + 1):
+            for k in range(n):
                 if k > 0:
                     u = u + R[:, t, k] * m[k] - freed[:, t, k - 1]
-                x[self.Uix[:, t, k]] = u / self.mem_scale
+                idx = self.Uix[:, t, k]
+                ok = idx >= 0
+                if not ok.any():
+                    break  # the default model's U stops at the frontier (k <= t)
+                x[idx[ok]] = u[ok] / self.mem_scale
         return x
 
     _Yix: np.ndarray | None = None
@@ -151,10 +170,21 @@ class Formulation:
     """(node, bytes) when some node fits on no device: the model is infeasible as built."""
 
 
-def build(inst: Instance, mode: str = "exact", linearize: bool = True) -> Formulation:
-    """Build the model for ``inst``. See the module docstring for the two modes."""
+def build(
+    inst: Instance,
+    mode: str = "exact",
+    linearize: bool = True,
+    reference: bool = False,
+    free_rows: str = "hazard",
+) -> Formulation:
+    """Build the model for ``inst``. See the module docstring for the two modes and for
+    ``reference`` (the published form, unreduced) and ``free_rows`` (hazard | tight)."""
     if mode not in MODES:
         raise ValueError(f"formulation mode {mode!r} is not one of {MODES}")
+    if free_rows not in FREE_ROWS:
+        raise ValueError(f"free_rows {free_rows!r} is not one of {FREE_ROWS}")
+    if reference and free_rows != "hazard":
+        raise ValueError("reference=True is the published model: it uses free_rows='hazard'")
     t0 = time.perf_counter()
     g = inst.graph
     D, n = inst.n_devices, g.size
@@ -174,9 +204,17 @@ def build(inst: Instance, mode: str = "exact", linearize: bool = True) -> Formul
     E = len(src)
     multi = D >= 2
 
-    b = ModelBuilder(f"xengine-{mode}-{g.name}-D{D}")
-    tri_le = np.tril(np.ones((T, n), dtype=bool))  # i <= t
-    tri_lt = np.tril(np.ones((T, n), dtype=bool), k=-1)  # i < t
+    tag = "-reference" if reference else ("-tight" if free_rows == "tight" else "")
+    b = ModelBuilder(f"xengine-{mode}{tag}-{g.name}-D{D}")
+    stage_le = np.tril(np.ones((T, n), dtype=bool))  # i <= t: R may be nonzero
+    stage_lt = np.tril(np.ones((T, n), dtype=bool), k=-1)  # i < t: S may be nonzero
+    if reference:
+        # every (t, i) gets a variable and every row family runs over all of them; the stage
+        # structure is imposed by the fixing rows below
+        tri_le = np.ones((T, n), dtype=bool)
+        tri_lt = np.ones((T, n), dtype=bool)
+    else:
+        tri_le, tri_lt = stage_le, stage_lt
 
     def alloc(mask2d: np.ndarray, lb: float, ub: float, integer: bool) -> np.ndarray:
         ix = np.full((D,) + mask2d.shape, -1, dtype=np.int64)
@@ -196,9 +234,20 @@ def build(inst: Instance, mode: str = "exact", linearize: bool = True) -> Formul
     Zix = alloc(tri_le, 0, 1, True) if (mode == "paper" and multi) else None
     tt, ii = np.nonzero(tri_le)
 
-    # stage validity per edge: (t, e) with dst[e] <= t
-    te_t, te_e = np.nonzero(dst[None, :] <= np.arange(T)[:, None])
+    # stage validity per edge: (t, e) with dst[e] <= t (reference: every (t, e))
+    if reference:
+        te_t, te_e = np.nonzero(np.ones((T, E), dtype=bool))
+    else:
+        te_t, te_e = np.nonzero(dst[None, :] <= np.arange(T)[:, None])
     n_te = te_t.size
+
+    if reference:
+        # stage structure as rows (Checkmate eq. 8): R[t, i] = 0 for i > t, S[t, i] = 0 for
+        # i >= t (S[0, :] = 0 included)
+        for name, ix, allowed in (("stage_fix_r", Rix, stage_le), ("stage_fix_s", Six, stage_lt)):
+            ft, fi = np.nonzero(~allowed)
+            for d in range(D):
+                b.add_rows(name, ft.size, np.arange(ft.size), ix[d, ft, fi], 1.0, 0.0, 0.0)
 
     # 1. frontier: sum_d R[d,t,t] == 1
     b.add_rows(
@@ -210,12 +259,13 @@ def build(inst: Instance, mode: str = "exact", linearize: bool = True) -> Formul
         1.0,
         1.0,
     )
-    if D == 1 and not blocked_nodes.size:
-        b.fix(Rix[0, np.arange(T), np.arange(T)], 1.0)
-    for d in range(D):
-        cols = np.flatnonzero(cannot_run[d])
-        if cols.size:
-            b.fix(Rix[d][:, cols].ravel(), 0.0)
+    if not reference:
+        if D == 1 and not blocked_nodes.size:
+            b.fix(Rix[0, np.arange(T), np.arange(T)], 1.0)
+        for d in range(D):
+            cols = np.flatnonzero(cannot_run[d])
+            if cols.size:
+                b.fix(Rix[d][:, cols].ravel(), 0.0)
 
     lt_t, lt_i = np.nonzero(tri_lt)
     k_lt = lt_t.size
@@ -469,57 +519,51 @@ def build(inst: Instance, mode: str = "exact", linearize: bool = True) -> Formul
                 else:
                     b.add_products(rv, zu, coef)
 
-    # 7. FREE with hazard counts
+    # 7. FREE[d,t,(u,v)] = AND of conditions, each a sum of R/S columns:
+    #    "pos" conditions hold when the sum is 1 (v runs: A_v; exact multi-device: u is on d,
+    #    Z_u = R + S), "neg" ones when it is 0 (u kept on d for t+1; each later reader j of u
+    #    runs in stage t). Hazard count (Checkmate): h = sum(1 - pos) + sum(neg),
+    #    1 - F <= h <= kappa (1 - F), F binary. Tight: F >= 1 - h, F <= each condition.
+    tight = free_rows == "tight"
     Fix = np.full((D, T, E), -1, dtype=np.int64)
     succ = g.successors
     later_lists = [[j for j in succ[src[e]] if j > dst[e]] for e in range(E)]
+    by_edge = [np.flatnonzero(te_e == e) for e in range(E)]
     for d in range(D):
-        Fix[d, te_t, te_e] = b.add_vars(n_te, 0, 1, True)
+        Fix[d, te_t, te_e] = b.add_vars(n_te, 0, 1, not tight)
+    row = np.arange(n_te)
+    devs_all = range(D) if mode == "exact" else None
     for d in range(D):
-        rows_r, cols_r, vals_r = [], [], []
-        kappa = np.zeros(n_te)
-        hconst = np.zeros(n_te)
-        row = np.arange(n_te)
         fcol = Fix[d, te_t, te_e]
-        # F term
-        rows_r.append(row)
-        cols_r.append(fcol)
-        vals_r.append(np.ones(n_te))  # coefficient placeholder, scaled per row below
-        lin_r, lin_c, lin_v = [], [], []
-        # -(1 - A_v): A_v = R[d,t,v] (paper) or sum_d' R[d',t,v] (exact)
-        devs_a = range(D) if (mode == "exact") else [d]
-        hconst += 1.0
-        kappa += 1.0
-        for a in devs_a:
-            lin_r.append(row)
-            lin_c.append(Rix[a, te_t, dst[te_e]])
-            lin_v.append(-np.ones(n_te))
-        # S[d,t+1,u]
-        has_next = te_t + 1 < T
-        lin_r.append(row[has_next])
-        lin_c.append(Six[d, te_t[has_next] + 1, src[te_e[has_next]]])
-        lin_v.append(np.ones(int(has_next.sum())))
-        kappa += has_next
-        # later readers j with dst < j <= t
+        devs_a = devs_all if devs_all is not None else [d]
+        # conditions: (kind, local rows, [column arrays summed])
+        conds: list[tuple[str, np.ndarray, list[np.ndarray]]] = [
+            ("pos", row, [Rix[a, te_t, dst[te_e]] for a in devs_a])
+        ]
+        has_next = np.flatnonzero(te_t + 1 < T)
+        conds.append(("neg", has_next, [Six[d, te_t[has_next] + 1, src[te_e[has_next]]]]))
+        # later readers j with dst < j <= t (reference: every later reader, as published;
+        # R[t, j] = 0 for j > t by the stage rows)
         for e in range(E):
             for j in later_lists[e]:
-                sel = np.flatnonzero((te_e == e) & (te_t >= j))
-                if sel.size == 0:
-                    continue
-                kappa[sel] += 1.0
-                for a in devs_a:
-                    lin_r.append(sel)
-                    lin_c.append(Rix[a, te_t[sel], j])
-                    lin_v.append(np.ones(sel.size))
+                sel = by_edge[e] if reference else by_edge[e][te_t[by_edge[e]] >= j]
+                if sel.size:
+                    conds.append(("neg", sel, [Rix[a, te_t[sel], j] for a in devs_a]))
         if multi and mode == "exact":
-            # (1 - Z[d,t,u])
-            hconst += 1.0
-            kappa += 1.0
-            lin_r += [row, row]
-            lin_c += [Rix[d, te_t, src[te_e]], Six[d, te_t, src[te_e]]]
-            lin_v += [-np.ones(n_te), -np.ones(n_te)]
+            conds.append(("pos", row, [Rix[d, te_t, src[te_e]], Six[d, te_t, src[te_e]]]))
+        hconst = np.zeros(n_te)  # h = hconst + lin
+        kappa = np.zeros(n_te)
+        lin_r, lin_c, lin_v = [], [], []
+        for kind, rows_c, cols in conds:
+            kappa[rows_c] += 1.0
+            if kind == "pos":
+                hconst[rows_c] += 1.0
+            for c in cols:
+                lin_r.append(rows_c)
+                lin_c.append(c)
+                lin_v.append(np.full(rows_c.size, -1.0 if kind == "pos" else 1.0))
         lr, lc, lv = np.concatenate(lin_r), np.concatenate(lin_c), np.concatenate(lin_v)
-        # row a: 1 - F <= h   <=>  -F - lin <= hconst - 1
+        # 1 - F <= h   <=>  -F - lin <= hconst - 1   (F >= sum of conditions - (k - 1))
         b.add_rows(
             "free_a",
             n_te,
@@ -529,16 +573,31 @@ def build(inst: Instance, mode: str = "exact", linearize: bool = True) -> Formul
             -np.inf,
             hconst - 1.0,
         )
-        # row b: kappa (1 - F) >= h   <=>  -kappa F - lin >= hconst - kappa
-        b.add_rows(
-            "free_b",
-            n_te,
-            np.concatenate([row, lr]),
-            np.concatenate([fcol, lc]),
-            np.concatenate([-kappa, -lv]),
-            hconst - kappa,
-            np.inf,
-        )
+        if not tight:
+            # kappa (1 - F) >= h   <=>  -kappa F - lin >= hconst - kappa
+            b.add_rows(
+                "free_b",
+                n_te,
+                np.concatenate([row, lr]),
+                np.concatenate([fcol, lc]),
+                np.concatenate([-kappa, -lv]),
+                hconst - kappa,
+                np.inf,
+            )
+            continue
+        for kind, rows_c, cols in conds:
+            k = rows_c.size
+            local = np.arange(k)
+            sign = -1.0 if kind == "pos" else 1.0  # F - sum <= 0  |  F + sum <= 1
+            b.add_rows(
+                "free_le_" + kind,
+                k,
+                np.concatenate([local] * (1 + len(cols))),
+                np.concatenate([fcol[rows_c]] + cols),
+                np.concatenate([np.ones(k)] + [np.full(k, sign)] * len(cols)),
+                -np.inf,
+                0.0 if kind == "pos" else 1.0,
+            )
 
     # 8. memory
     Uix = alloc(tri_le, 0.0, 0.0, False)

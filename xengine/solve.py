@@ -43,18 +43,20 @@ def solve_xengine(
     options: SolverOptions | None = None,
     warm_start: Schedule | None = None,
     strategy: str = "xengine",
+    build_options: dict | None = None,
 ) -> StrategyResult:
     """Solve the heterogeneous model on ``inst`` (DESIGN.md section 6).
 
     ``warm_start`` is any valid schedule on the same devices (typically the best single-device
     Checkmate schedule embedded with :meth:`Schedule.on_devices`); exact mode passes it to the
     solver as a MIP start. The returned schedule is replayed by the simulator; the model's own
-    objective and peak are kept beside the simulator's figures.
+    objective and peak are kept beside the simulator's figures. ``build_options`` go to
+    :func:`xengine.formulation.build` (``reference``, ``free_rows``).
     """
     options = options or SolverOptions()
     t0 = time.perf_counter()
     linearize = solver not in QUADRATIC_CAPABLE
-    form = build(inst, mode=mode, linearize=linearize)
+    form = build(inst, mode=mode, linearize=linearize, **(build_options or {}))
     x0 = None
     if warm_start is not None and mode == "exact":
         x0 = form.assignment(warm_start)
@@ -73,7 +75,12 @@ def solve_xengine(
         n_vars=model.n_vars,
         n_rows=model.n_rows,
         n_integer=model.n_integer,
-        extra={"mode": mode, "linearized": bool(linearize and mode == "paper")},
+        extra={
+            "mode": mode,
+            "linearized": bool(linearize and mode == "paper"),
+            "build_options": dict(build_options or {}),
+            "nnz": int(model.A.nnz),
+        },
     )
     if form.blocked is not None:
         node, need = form.blocked

@@ -58,10 +58,11 @@ from xengine.simulate import Op, simulate
 log = logging.getLogger(__name__)
 
 LABEL_PREFIX = "xe|"
-# What the allocator may show above the simulator's model: temporaries inside an op (im2col
-# buffers, reordered weights, the sum of a backward op's gradient contributions) that the
-# graph does not list. Stated per device as max(TOLERANCE_MIN_BYTES, TOLERANCE_FRACTION * budget
-# or predicted peak).
+# What the allocator may show above the simulator's model. Op temporaries are in the graph
+# (workspace_bytes, measured on the CPU at capture), so what is left is what differs from that
+# measurement: other thread counts, CUDA kernels' own workspaces, the caching allocator's
+# rounding, random-state and buffer snapshots around recomputations. Stated per device as
+# max(TOLERANCE_MIN_BYTES, TOLERANCE_FRACTION * min(budget, predicted peak)).
 TOLERANCE_FRACTION = 0.10
 TOLERANCE_MIN_BYTES = 4 * 2**20
 
@@ -407,11 +408,13 @@ class _Runtime:
             )
         if not spec.requires_grad:
             return {}
+        # consumers in reverse forward order: the order in which autograd's engine receives
+        # and sums them in a plain backward pass, so that sums of 3+ terms agree bit for bit
         contrib: list[torch.Tensor] = []
+        for w in sorted(self.grad_consumers[v], reverse=True):
+            contrib.append(self.provided(d, 2 * self.nf - w)[v])
         if v == self.nf - 1:
             contrib.append(self.provided(d, self.nf))
-        for w in self.grad_consumers[v]:
-            contrib.append(self.provided(d, 2 * self.nf - w)[v])
         if not contrib:
             raise RuntimeError(f"executor: no gradient reaches {spec.name}")
         grad_out = contrib[0]
@@ -960,7 +963,11 @@ def measure_workspace_bytes(captured: CapturedModel) -> list[int]:
                     with torch.profiler.record_function(f"{LABEL_PREFIX}free|cpu|{u}"):
                         rt.free(u, "cpu")
         rt.reset()
-        windows = _label_windows(prof)
+        try:
+            windows = _label_windows(prof)
+        except Exception as exc:  # pragma: no cover - depends on the torch build
+            log.warning("cannot read allocation events (%s); op workspaces not measured", exc)
+            windows = {}
     finally:
         torch.set_rng_state(rng0)
         with torch.no_grad():

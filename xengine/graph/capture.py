@@ -90,11 +90,20 @@ class TinyNet(nn.Module):
 # ---------------------------------------------------------------------- the op program
 @dataclass(frozen=True)
 class _Slot:
-    """Marks where an op's argument comes from: ``kind`` "in" (the op's k-th input node) or
-    "x" (the input batch)."""
+    """Marks where an op's argument comes from: ``kind`` "in" (the op's k-th input node),
+    "x" (the input batch) or "attr" (an attribute of the module, e.g. a parameter used by a
+    function: resolved on the model copy of the device that runs the op)."""
 
     kind: str
     index: int = 0
+    path: str = ""
+
+
+def _get_attr(root: nn.Module, path: str) -> Any:
+    obj: Any = root
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 @dataclass
@@ -133,9 +142,17 @@ class OpSpec:
         """A function ``run(inputs, x)`` that runs this op with the modules of ``root``."""
         args, kwargs = self.args, self.kwargs
 
+        attrs: dict[str, Any] = {}
+
         def fill(a: Any, ins: Sequence[torch.Tensor], x: torch.Tensor) -> Any:
             if isinstance(a, _Slot):
-                return ins[a.index] if a.kind == "in" else x
+                if a.kind == "in":
+                    return ins[a.index]
+                if a.kind == "attr":
+                    if a.path not in attrs:
+                        attrs[a.path] = _get_attr(root, a.path)
+                    return attrs[a.path]
+                return x
             if isinstance(a, tuple):
                 return tuple(fill(b, ins, x) for b in a)
             if isinstance(a, list):
@@ -355,10 +372,7 @@ def _trace_ops(
         if node.op in ("placeholder", "output"):
             continue
         if node.op == "get_attr":
-            obj: Any = gm
-            for part in str(node.target).split("."):
-                obj = getattr(obj, part)
-            values[node] = obj
+            values[node] = _Slot("attr", path=str(node.target))
             continue
         # argument template: op-node tensors become input slots, the batch becomes x
         inputs: list[fx.Node] = []
@@ -388,6 +402,8 @@ def _trace_ops(
             pnames = [f"{module_path}.{n}" for n, p in sub.named_parameters() if p.requires_grad]
 
         def find_params(a: Any, pnames=pnames) -> None:
+            if isinstance(a, _Slot) and a.kind == "attr":
+                a = _get_attr(gm, a.path)
             if isinstance(a, nn.Parameter) and a.requires_grad and id(a) in param_name_of:
                 if param_name_of[id(a)] not in pnames:
                     pnames.append(param_name_of[id(a)])

@@ -67,7 +67,7 @@ class Profile:
         return {
             "format": FORMAT,
             "version": VERSION,
-            "key": self.key,
+            "key": json.loads(json.dumps(self.key)),  # a copy: callers may edit the result
             "measured": self.measured or self.source,
             "compute_s": {d: dict(t) for d, t in self.compute_s.items()},
             "copy": [

@@ -1,0 +1,513 @@
+"""Solver benchmark (issue 5): formulations and back-ends side by side on a fixed suite.
+
+Every (instance, solver, formulation) is solved through :func:`xengine.solve.solve_xengine`
+with the same options in the same run, so the published form (``reference``: full T x n
+matrices, stage fixings as rows, hazard-count FREE rows over every (t, e), no reductions) and
+the faster forms are compared as measured ratios. Each row records the model size, build time,
+time to the first incumbent, solve time, status, gap and bound, the model's objective and the
+simulator's time for the returned schedule (they must agree: :func:`xengine.solve.agree`), and
+the LP-relaxation bound of the same model. When two formulations of one instance disagree on
+the optimum (or a schedule disagrees with its objective) a ``bug`` row says so.
+
+Suites:
+  quick  synthetic chains (16, 32 layers) and a residual DAG (16 layers) at one and two
+         devices, budgets 90/70/50 % of keep-everything and the smallest feasible one.
+  full   quick plus captured torchvision training graphs (vgg16, resnet18, mobilenet_v2,
+         resnet50) through xengine.graph.capture / xengine.profile (see ``--costs``).
+
+Usage:
+  .venv/bin/python experiments/solver_benchmark.py --suite quick --time-limit-s 60 \\
+      --solvers highs --formulations default,reference
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import logging
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from baselines.checkmate import min_feasible_budget_bytes  # noqa: E402
+from baselines.heuristics import best_fitting, run_heuristics  # noqa: E402
+from xengine.formulation import build  # noqa: E402
+from xengine.graph.synthetic import training_graph  # noqa: E402
+from xengine.graph.types import CopyModel, Graph  # noqa: E402
+from xengine.problem import Instance  # noqa: E402
+from xengine.solve import agree, solve_xengine  # noqa: E402
+from xengine.solvers import SolverOptions, SolverUnavailable, solve  # noqa: E402
+
+log = logging.getLogger("solver_benchmark")
+
+FORMULATIONS: dict[str, dict] = {
+    "default": {},
+    "reference": {"reference": True},
+    "tight": {"free_rows": "tight"},
+}
+"""Name -> keyword arguments of :func:`xengine.formulation.build`."""
+
+BUDGETS = (("90%", 0.9), ("70%", 0.7), ("50%", 0.5), ("min", None))
+NETS = ("vgg16", "resnet18", "mobilenet_v2", "resnet50")
+DEVICES_2 = ("a", "b")
+REL_TOL = 1e-6
+
+FIELDS = [
+    "suite",
+    "graph",
+    "n_nodes",
+    "n_edges",
+    "n_devices",
+    "budget",
+    "budget_bytes",
+    "solver",
+    "formulation",
+    "repeat",
+    "n_vars",
+    "n_integer",
+    "n_rows",
+    "nnz",
+    "build_s",
+    "status",
+    "time_to_first_s",
+    "solve_s",
+    "total_s",
+    "objective_s",
+    "sim_time_s",
+    "agree",
+    "best_bound_s",
+    "gap",
+    "lp_bound_s",
+    "warm_start",
+    "warm_start_s",
+    "time_limit_s",
+    "note",
+]
+
+
+@dataclass(frozen=True)
+class Case:
+    suite: str
+    graph: Graph
+    devices: tuple[str, ...]
+
+
+# ----------------------------------------------------------------------------- graphs
+def synthetic(kind: str, n_layers: int, seed: int = 0) -> Graph:
+    """A training graph with two heterogeneous devices ``a`` and ``b``.
+
+    ``kind`` chain: layer i feeds i+1; residual: plus a skip i -> i+2 for every even i (the
+    shape of ResNet blocks). Bytes are 1-4 kB, device ``a`` costs 0.5-2 s per layer and
+    device ``b`` 0.25-3x that (each device is the faster one on some layers); a copy costs
+    50 ms + bytes / 1 MB/s, so splitting the graph pays off only on some layers.
+    """
+    r = np.random.default_rng(seed)
+    edges = [(i, i + 1) for i in range(n_layers - 1)]
+    if kind == "residual":
+        edges += [(i, i + 2) for i in range(0, n_layers - 2, 2)]
+    elif kind != "chain":
+        raise ValueError(f"unknown synthetic graph kind {kind!r}")
+    cost_a = np.round(r.uniform(0.5, 2.0, n_layers), 3)
+    cost_b = np.round(cost_a * r.uniform(0.25, 3.0, n_layers), 3)
+    cm = CopyModel(0.05, 1e6)
+    return training_graph(
+        f"{kind}{n_layers}",
+        edges,
+        n_layers,
+        list(r.integers(1, 5, n_layers) * 1000),
+        {"a": list(cost_a), "b": list(cost_b)},
+        saves_input=True,
+        copy_models={("a", "b"): cm, ("b", "a"): cm},
+    )
+
+
+def net_graph(net: str, batch_size: int, costs: str) -> Graph:
+    """A captured torchvision training graph with costs for devices ``a`` and ``b``.
+
+    ``costs=profile``: measured CPU times (``xengine.profile``, cached under results/cache) for
+    ``a``; ``b`` is a synthetic device 4x faster with a 10 GB/s, 20 us link (no second device
+    is measured here; the CSV's note says so). ``costs=bytes``: time proportional to each
+    node's output bytes (1 GB/s on ``a``), no measurement at all.
+    """
+    from xengine.graph.capture import capture_net
+
+    cap = capture_net(net, batch_size=batch_size)
+    g = cap.graph
+    if costs == "profile":
+        from xengine.profile.profiler import apply_profile, profile_model
+
+        g = apply_profile(g, profile_model(cap, ("cpu",), progress=False))
+        base = {v.name: float(v.cost_s["cpu"]) for v in g.nodes}
+    elif costs == "bytes":
+        base = {v.name: max(float(v.output_bytes), 1.0) / 1e9 for v in g.nodes}
+    else:
+        raise ValueError(f"unknown --costs {costs!r}")
+    cm = CopyModel(20e-6, 10e9)
+    return g.with_costs(
+        {"a": base, "b": {k: c / 4 for k, c in base.items()}},
+        {("a", "b"): cm, ("b", "a"): cm},
+    )
+
+
+QUICK_BUDGETS = {"chain32": ("90%", "70%")}
+"""The quick suite runs every budget on the 16-layer graphs and only the easy ones on chain32
+(its 50 % and smallest budgets run past a minute, which the full suite covers)."""
+
+
+def suite_cases(suite: str, batch_size: int, costs: str) -> list[Case]:
+    graphs = [synthetic("chain", 16), synthetic("residual", 16), synthetic("chain", 32)]
+    cases = [Case("quick", g, devs) for g in graphs for devs in (("a",), DEVICES_2)]
+    if suite == "full":
+        cases = [Case("full", c.graph, c.devices) for c in cases]
+        for g in (synthetic("chain", 64),):
+            cases += [Case("full", g, devs) for devs in (("a",), DEVICES_2)]
+        for net in NETS:
+            try:
+                g = net_graph(net, batch_size, costs)
+            except Exception as exc:  # the capture/profile modules are optional here
+                log.error("skipping %s: capture/profile failed: %s", net, exc)
+                continue
+            cases += [Case("full", g, devs) for devs in (("a",), DEVICES_2)]
+    elif suite != "quick":
+        raise ValueError(f"unknown suite {suite!r}")
+    return cases
+
+
+def budgets_for(g: Graph) -> list[tuple[str, int]]:
+    peak = g.keep_all_peak_bytes()
+    out = [(label, int(frac * peak)) for label, frac in BUDGETS if frac is not None]
+    lower, known = min_feasible_budget_bytes(g)
+    # the smallest budget known to fit one device (== the smallest feasible when lower == known)
+    out.append(("min" if lower >= known else "min_known", int(known)))
+    return out
+
+
+# ----------------------------------------------------------------------------- solving
+def warm_schedule(inst: Instance):
+    """The best single-device heuristic schedule that fits, embedded in the device mix."""
+    best = None
+    for d in range(inst.n_devices):
+        single = inst.only_device(d, inst.budget_bytes[d])
+        res = best_fitting(run_heuristics(single))
+        if res is not None and (best is None or res.sim.time_s < best.sim.time_s):
+            best = res
+    return best
+
+
+def lp_bound(inst: Instance, build_options: dict, options: SolverOptions) -> float | None:
+    form = build(inst, **build_options)
+    if form.blocked is not None:
+        return None
+    relax = SolverOptions(
+        time_limit_s=options.time_limit_s, threads=options.threads, seed=options.seed, relax=True
+    )
+    sr = solve(form.model, "highs", relax)
+    return None if sr.objective is None else sr.objective * form.time_scale
+
+
+def run_one(
+    case: Case,
+    budget: tuple[str, int],
+    solver: str,
+    formulation: str,
+    options: SolverOptions,
+    warm: str,
+    with_lp: bool,
+    repeat: int,
+) -> dict:
+    g = case.graph
+    inst = Instance(g, case.devices, tuple([budget[1]] * len(case.devices)))
+    bopts = FORMULATIONS[formulation]
+    row = {
+        "suite": case.suite,
+        "graph": g.name,
+        "n_nodes": g.size,
+        "n_edges": len(g.edges),
+        "n_devices": len(case.devices),
+        "budget": budget[0],
+        "budget_bytes": budget[1],
+        "solver": solver,
+        "formulation": formulation,
+        "repeat": repeat,
+        "time_limit_s": options.time_limit_s,
+        "warm_start": "",
+        "note": "",
+    }
+    x0 = None
+    if warm == "heuristic":
+        ws = warm_schedule(inst)
+        if ws is not None:
+            x0 = ws.schedule.on_devices(inst.devices)
+            row["warm_start"] = ws.strategy
+            row["warm_start_s"] = ws.sim.time_s
+    t0 = time.perf_counter()
+    try:
+        res = solve_xengine(
+            inst, solver=solver, options=options, warm_start=x0, build_options=bopts
+        )
+    except SolverUnavailable as exc:
+        row.update(status="unavailable", note=str(exc).splitlines()[0])
+        return row
+    row["total_s"] = time.perf_counter() - t0
+    row.update(
+        n_vars=res.n_vars,
+        n_integer=res.n_integer,
+        n_rows=res.n_rows,
+        nnz=res.extra.get("nnz"),
+        build_s=res.build_time_s,
+        status=res.status,
+        time_to_first_s=res.extra.get("time_to_first_s"),
+        solve_s=res.solve_time_s,
+        objective_s=res.objective_s,
+        sim_time_s=res.sim.time_s if res.sim is not None else None,
+        best_bound_s=res.best_bound_s,
+        gap=res.gap,
+    )
+    if res.status == "infeasible" and res.message:
+        row["note"] = res.message[:200]
+    if res.sim is not None:
+        ok = agree(res)
+        row["agree"] = ok
+        if not ok:
+            row["note"] = (
+                f"BUG: model objective {res.objective_s:.9g} / peak {res.model_peak_bytes} vs "
+                f"simulator {res.sim.time_s:.9g} / {res.sim.peak_bytes}"
+            )
+            log.error("%s %s: %s", g.name, formulation, row["note"])
+    elif res.status == "error":
+        row["note"] = res.message[:200]
+    if with_lp and res.status in ("optimal", "feasible", "no_solution"):
+        row["lp_bound_s"] = lp_bound(inst, bopts, options)
+    log.info(
+        "%s D=%d %s %s/%s: %s obj %s in %.2f s (build %.2f s, first %s)",
+        g.name,
+        len(case.devices),
+        budget[0],
+        solver,
+        formulation,
+        res.status,
+        "-" if res.objective_s is None else f"{res.objective_s:.6g}",
+        res.solve_time_s,
+        res.build_time_s,
+        "-" if row["time_to_first_s"] is None else f"{row['time_to_first_s']:.2f} s",
+    )
+    return row
+
+
+def cross_check(rows: list[dict]) -> list[dict]:
+    """Bug rows for formulations of one instance whose optima disagree."""
+    bugs = []
+    key = ("graph", "n_devices", "budget", "solver", "repeat")
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r[k] for k in key), []).append(r)
+    for k, rs in groups.items():
+        opt = [r for r in rs if r["status"] == "optimal"]
+        inc = [r for r in rs if r.get("objective_s") is not None]
+        statuses = {r["status"] for r in rs}
+        msgs = []
+        if opt:
+            best = min(r["objective_s"] for r in opt)
+            worst = max(r["objective_s"] for r in opt)
+            if worst - best > REL_TOL * max(1.0, abs(best)):
+                msgs.append(
+                    "optima differ: "
+                    + ", ".join(f"{r['formulation']}={r['objective_s']:.9g}" for r in opt)
+                )
+            below = [r for r in inc if r["objective_s"] < best - REL_TOL * max(1.0, abs(best))]
+            if below:
+                msgs.append(
+                    "incumbent below a proven optimum: "
+                    + ", ".join(f"{r['formulation']}={r['objective_s']:.9g}" for r in below)
+                )
+        if "infeasible" in statuses and inc:
+            msgs.append("one formulation proves infeasible while another has a schedule")
+        for m in msgs:
+            log.error("BUG %s: %s", k, m)
+            bug = {f: "" for f in FIELDS}
+            bug.update(dict(zip(key, k, strict=True)))
+            bug.update(formulation="*", status="bug", note=m, suite=rs[0]["suite"])
+            bugs.append(bug)
+    return bugs
+
+
+# ----------------------------------------------------------------------------- output
+def write_csv(rows: list[dict], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=FIELDS, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ("" if r.get(k) is None else r.get(k, "")) for k in FIELDS})
+
+
+def plot(rows: list[dict], path: Path, time_limit_s: float | None) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    solved = [r for r in rows if r["status"] in ("optimal", "feasible", "no_solution")]
+    fig, (ax_t, ax_g) = plt.subplots(1, 2, figsize=(12, 4.8))
+    markers = {"default": "o", "reference": "s", "tight": "^"}
+    combos = sorted({(r["solver"], r["formulation"]) for r in solved})
+    for i, (solver, form) in enumerate(combos):
+        rs = [r for r in solved if r["solver"] == solver and r["formulation"] == form]
+        # x: nodes x devices (the model grows with both); small jitter per combo
+        x = np.array([r["n_nodes"] * r["n_devices"] for r in rs], dtype=float)
+        x = x * (1 + 0.08 * (i - (len(combos) - 1) / 2))
+        y = np.array([max(float(r["solve_s"]), 1e-3) for r in rs])
+        gaps = [r.get("gap") for r in rs]
+        label = f"{solver} / {form}"
+        ax_t.scatter(x, y, marker=markers.get(form, "x"), label=label, alpha=0.75)
+        ax_g.scatter(
+            x,
+            [100 * (g if g not in (None, "") else np.nan) for g in gaps],
+            marker=markers.get(form, "x"),
+            label=label,
+            alpha=0.75,
+        )
+        for xi, yi, r in zip(x, y, rs, strict=True):
+            if r["status"] != "optimal":
+                txt = "none" if r.get("gap") in (None, "") else f"{100 * r['gap']:.1f}%"
+                ax_t.annotate(txt, (xi, yi), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    if time_limit_s:
+        ax_t.axhline(time_limit_s, color="grey", ls="--", lw=0.8, label="time limit")
+    ax_t.set_xscale("log")
+    ax_t.set_yscale("log")
+    ax_t.set_xlabel("nodes x devices")
+    ax_t.set_ylabel("solve time (s)")
+    ax_t.set_title("time to optimal (annotated: gap at the limit)")
+    ax_g.set_xscale("log")
+    ax_g.set_xlabel("nodes x devices")
+    ax_g.set_ylabel("gap at the end (%)")
+    ax_g.set_title("gap")
+    ax_t.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def summary(rows: list[dict], formulations: list[str]) -> str:
+    """Per instance: median solve time per formulation, status, and reference/other ratios."""
+    base = "default" if "default" in formulations else formulations[0]
+    others = [f for f in formulations if f != base]
+    key = ("graph", "n_nodes", "n_devices", "budget", "solver")
+    groups: dict[tuple, dict[str, list[dict]]] = {}
+    for r in rows:
+        if r["status"] in ("bug", "unavailable"):
+            continue
+        groups.setdefault(tuple(r[k] for k in key), {}).setdefault(r["formulation"], []).append(r)
+    head = ["graph", "n", "D", "budget", "solver"]
+    for f in formulations:
+        head += [f"{f} s", f"{f} st"]
+    head += [f"{f}/{base}" for f in others]
+    lines = [" | ".join(head), " | ".join("---" for _ in head)]
+
+    def med(rs: list[dict]) -> float | None:
+        ts = [float(r["solve_s"]) for r in rs if r.get("solve_s") not in (None, "")]
+        return statistics.median(ts) if ts else None
+
+    for k, by in groups.items():
+        cells = [str(k[0]), str(k[1]), str(k[2]), str(k[3]), str(k[4])]
+        meds = {}
+        for f in formulations:
+            rs = by.get(f, [])
+            meds[f] = med(rs)
+            st = rs[0]["status"] if rs else "-"
+            if st == "feasible" and rs[0].get("gap") not in (None, ""):
+                st = f"gap {100 * rs[0]['gap']:.2f}%"
+            cells += ["-" if meds[f] is None else f"{meds[f]:.2f}", st]
+        for f in others:
+            a, b = meds.get(f), meds.get(base)
+            cells.append("-" if not a or not b else f"{a / b:.2f}")
+        lines.append(" | ".join(cells))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--suite", choices=("quick", "full"), default="quick")
+    ap.add_argument("--time-limit-s", type=float, default=60.0)
+    ap.add_argument("--solvers", default="highs", help="comma-separated back-ends")
+    ap.add_argument(
+        "--formulations",
+        default="default,reference",
+        help=f"comma-separated, from {', '.join(FORMULATIONS)}",
+    )
+    ap.add_argument("--out", type=Path, default=Path("results/solver_benchmark"))
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=1, help="solves per row (median reported)")
+    ap.add_argument("--warm-start", choices=("none", "heuristic"), default="none")
+    ap.add_argument("--no-lp-bound", action="store_true", help="skip the LP-relaxation bound")
+    ap.add_argument("--graphs", default="", help="comma-separated graph names to keep")
+    ap.add_argument("--devices", default="1,2", help="device counts to run: 1, 2 or 1,2")
+    ap.add_argument("--budgets", default="", help="budget labels to keep (90%%,70%%,50%%,min)")
+    ap.add_argument("--batch-size", type=int, default=8, help="full suite: nets' batch size")
+    ap.add_argument("--costs", choices=("profile", "bytes"), default="profile")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    for name in ("xengine.solve", "xengine.formulation", "baselines.checkmate"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+    solvers = [s for s in args.solvers.split(",") if s]
+    forms = [f for f in args.formulations.split(",") if f]
+    bad = [f for f in forms if f not in FORMULATIONS]
+    if bad:
+        ap.error(f"unknown formulation(s) {bad}: choose from {list(FORMULATIONS)}")
+    keep_graphs = {x for x in args.graphs.split(",") if x}
+    keep_dev = {int(x) for x in args.devices.split(",") if x}
+    keep_budgets = {x for x in args.budgets.split(",") if x}
+    options = SolverOptions(time_limit_s=args.time_limit_s, rel_gap=1e-4, threads=args.threads)
+
+    t_all = time.perf_counter()
+    rows: list[dict] = []
+    for case in suite_cases(args.suite, args.batch_size, args.costs):
+        if keep_graphs and case.graph.name not in keep_graphs:
+            continue
+        if len(case.devices) not in keep_dev:
+            continue
+        for budget in budgets_for(case.graph):
+            if keep_budgets and budget[0] not in keep_budgets:
+                continue
+            quick_only = QUICK_BUDGETS.get(case.graph.name)
+            if case.suite == "quick" and quick_only and budget[0] not in quick_only:
+                continue
+            for solver in solvers:
+                for rep in range(args.repeats):
+                    for form in forms:
+                        rows.append(
+                            run_one(
+                                case,
+                                budget,
+                                solver,
+                                form,
+                                options,
+                                args.warm_start,
+                                not args.no_lp_bound,
+                                rep,
+                            )
+                        )
+    rows += cross_check(rows)
+    csv_path = args.out / "solver_benchmark.csv"
+    write_csv(rows, csv_path)
+    plot(rows, args.out / "solver_benchmark.png", args.time_limit_s)
+    log.info("%d rows in %.1f s -> %s", len(rows), time.perf_counter() - t_all, csv_path)
+    print(summary(rows, forms))
+    n_bug = sum(r["status"] == "bug" or str(r.get("note", "")).startswith("BUG") for r in rows)
+    if n_bug:
+        log.error("%d bug row(s): see %s", n_bug, csv_path)
+    return 1 if n_bug else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
