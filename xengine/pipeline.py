@@ -628,8 +628,10 @@ def _solve(
         kwargs.update(solver=cfg.solver, options=cfg.solver_options)
     if name == "xengine":
         kwargs.update(mode=cfg.formulation, warm_start=warm)
-    if name == "lp_rounding":
-        kwargs.update(seed=cfg.seed)
+    if name == "lp_rounding":  # the LP runs under the same options (time limit, threads)
+        kwargs.update(seed=cfg.seed, options=cfg.solver_options)
+    if name == "checkmate":
+        kwargs.update(progress=_progress(label))
     log.info("%s: solving on %s, budget %s", label, ",".join(inst.devices), _budget_list(inst))
     t0 = time.perf_counter()
     try:
@@ -658,6 +660,19 @@ def _solve(
         f", predicted {res.sim.time_s * 1e3:.2f} ms" if res.sim is not None else "",
     )
     return res
+
+
+def _progress(label: str) -> Callable[[float, float | None, float | None], None]:
+    """Log each improved incumbent of a long solve (objective and bound in seconds of the
+    model's scaled time: their ratio is the gap)."""
+
+    def report(elapsed_s: float, incumbent: float | None, bound: float | None) -> None:
+        gap = ""
+        if incumbent and bound is not None:
+            gap = f", gap {100 * abs(incumbent - bound) / abs(incumbent):.2f}%"
+        log.info("%s: %.1f s, new incumbent%s", label, elapsed_s, gap)
+
+    return report
 
 
 def _budget_list(inst: Instance) -> str:
