@@ -34,7 +34,9 @@ Two switches change how the same model is written, never its optimum:
     in [0, 1], ``F <= c`` for every condition ``c`` and ``F >= sum(c) - (k - 1)``. At integer
     R, S the rows force F to the same 0/1 value as the hazard rows, and the LP relaxation is
     at least as tight (the hazard row ``kappa (1 - F) >= h`` is the sum of the ``F <= c``
-    rows). Whether it is faster is measured by ``experiments/solver_benchmark.py``.
+    rows). Whether it is faster is measured by ``experiments/solver_benchmark.py``. CP-SAT
+    refuses this form (continuous F sits in the memory equalities, so it is not implied
+    integer).
 """
 
 from __future__ import annotations
