@@ -553,6 +553,11 @@ def build(
                     conds.append(("neg", sel, [Rix[a, te_t[sel], j] for a in devs_a]))
         if multi and mode == "exact":
             conds.append(("pos", row, [Rix[d, te_t, src[te_e]], Six[d, te_t, src[te_e]]]))
+        elif multi:
+            # paper mode, per device: only a device that holds u can free it. Without this a
+            # device running a reader of a remote u would be credited with freeing bytes it
+            # never held (the published rows were summed over devices, which hid it).
+            conds.append(("pos", row, [Zix[d, te_t, src[te_e]]]))
         hconst = np.zeros(n_te)  # h = hconst + lin
         kappa = np.zeros(n_te)
         lin_r, lin_c, lin_v = [], [], []
