@@ -470,7 +470,9 @@ def _check_devices_exist(cfg: RunConfig) -> None:
                     "on a GPU machine with profile.path=<file> execute=false"
                 )
         elif not d.startswith("cpu"):
-            raise ConfigError(f"device {d!r} is not a torch device name (cpu, cpu:1, cuda, cuda:1)")
+            raise ConfigError(
+                f"device {d!r} is not a device name: cpu, cpu<k> (k threads), cuda, cuda:<i>"
+            )
 
 
 # ------------------------------------------------------------------------------ running
@@ -662,11 +664,16 @@ def _solve(
     return res
 
 
-def _progress(label: str) -> Callable[[float, float | None, float | None], None]:
-    """Log each improved incumbent of a long solve (objective and bound in seconds of the
-    model's scaled time: their ratio is the gap)."""
+def _progress(
+    label: str, every_s: float = 10.0
+) -> Callable[[float, float | None, float | None], None]:
+    """Log the incumbent's gap during a long solve, at most once every ``every_s`` seconds."""
+    last = [-every_s]
 
     def report(elapsed_s: float, incumbent: float | None, bound: float | None) -> None:
+        if elapsed_s - last[0] < every_s:
+            return
+        last[0] = elapsed_s
         gap = ""
         if incumbent and bound is not None:
             gap = f", gap {100 * abs(incumbent - bound) / abs(incumbent):.2f}%"
