@@ -97,7 +97,7 @@ def solve_xengine(
     )
     res.status = sr.status
     res.solve_time_s = sr.solve_time_s
-    res.message = sr.message
+    res.message = "" if sr.status == "optimal" else sr.message
     res.gap = sr.gap
     res.extra["time_to_first_s"] = sr.time_to_first_s
     if sr.best_bound is not None:

@@ -193,8 +193,9 @@ class Graph:
         from xengine.schedule import keep_all_schedule
         from xengine.simulate import simulate
 
-        dev = self.devices[0] if self.devices else "cpu"
-        inst = Instance.single(self, dev, budget_bytes=None)
+        # memory does not depend on costs: a graph without costs is simulated at zero cost
+        g = self if self.devices else self.with_costs({"_": {v.name: 0.0 for v in self.nodes}})
+        inst = Instance.single(g, g.devices[0], budget_bytes=None)
         return int(simulate(inst, keep_all_schedule(inst)).peak_bytes.max())
 
     def node_lower_bound_bytes(self) -> np.ndarray:

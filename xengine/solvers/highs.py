@@ -20,6 +20,22 @@ log = logging.getLogger(__name__)
 _THREADS_SET: int | None = None
 
 
+def _new_highs(highspy):  # noqa: ANN001, ANN202
+    """A Highs object; the first one in a process prints a banner on stdout, which belongs to
+    the run's table, so the process's stdout is pointed at stderr while it is made."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        return highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def solve_highs(
     model: MilpModel,
     options: SolverOptions,
@@ -38,7 +54,7 @@ def solve_highs(
             "HiGHS cannot take products of variables; build the linearised model "
             "(formulation mode=paper linearises automatically for solver=highs)"
         )
-    h = highspy.Highs()
+    h = _new_highs(highspy)
     h.setOptionValue("output_flag", bool(options.verbose))
     h.setOptionValue("log_to_console", bool(options.verbose))
     if options.threads:
