@@ -103,6 +103,19 @@ def solve_checkmate(
     t_heur = time.perf_counter()
     heur = run_heuristics(inst)
     seed = best_fitting(heur)
+    if seed is None:
+        # near the smallest budget no heuristic fits; the memory-frugal schedule (no forward
+        # checkpoints, gradients kept) often does and gives the solver a start
+        from baselines.heuristics import evaluate
+
+        frugal = evaluate(
+            inst,
+            "no_checkpoints",
+            schedule_from_checkpoints(g, (), inst.devices[0]),
+            time.perf_counter(),
+        )
+        if frugal.sim.within_budget:
+            seed = frugal
     extra["heuristics_time_s"] = time.perf_counter() - t_heur
     extra["heuristics"] = {
         r.strategy: {
