@@ -5,15 +5,24 @@ Composes the Hydra config (``conf/``), turns it into a plain :class:`RunConfig`,
 :func:`xengine.pipeline.run_pipeline` inside one MLflow run and prints the comparison table on
 stdout. Logs go to stderr and to the run's folder under ``results/runs/``.
 
+Before Hydra reads the command line, :func:`rewrite_argv` turns the spellings Hydra cannot
+take as they are into ones it can: ``mem.cuda=1GB`` -> ``++mem.cuda=1GB`` (a new key of the
+``mem`` group of keys), ``mem=2GB`` -> ``mem.all=2GB`` when per-device budgets are also given
+(or when it is a list), and a device mix that is not a file of ``conf/devices/``
+(``devices=[cpu3,cpu1]``, ``devices=cpu3+cpu1``) -> ``devices.names=[cpu3,cpu1]``.
+
 Bad input (unknown net or solver, an unreadable memory size, a budget below the smallest
-feasible one, a malformed graph file) ends with one line on stderr and exit code 2. In a sweep
-(``-m``) such a point is recorded as skipped and the sweep goes on.
+feasible one, a malformed graph file, a device named twice, a budget for a device not in the
+mix, a CUDA device on a machine without one, a profile file of another net or batch size)
+ends with one line on stderr and exit code 2. In a sweep (``-m``) such a point is recorded as
+skipped and the sweep goes on.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,6 +39,7 @@ from xengine.pipeline import (
     RunConfig,
     Tracker,
     prepare,
+    protocol_summary,
     run_pipeline,
     run_status,
 )
@@ -74,11 +84,95 @@ def _check_group_choices(argv: list[str]) -> None:
                 _fail(f"unknown {key} {choice!r}: choose one of {', '.join(options)}{hint}")
 
 
+_HYDRA_FUNCTION = re.compile(r"^\w+\(")  # choice(...), range(...), glob(...), ...
+
+
+def _split_top(value: str) -> list[str]:
+    """``a,[b,c],d`` -> ``["a", "[b,c]", "d"]`` (commas outside brackets)."""
+    parts, depth, cur = [], 0, ""
+    for ch in value:
+        depth += ch in "[({"
+        depth -= ch in "])}"
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    return parts
+
+
+def _device_list(choice: str) -> str:
+    """``cpu3+cpu1`` / ``[cpu3,cpu1]`` / ``cpu3`` -> ``[cpu3,cpu1]`` (Hydra list syntax)."""
+    choice = choice.strip()
+    names = choice[1:-1].split(",") if choice.startswith("[") else choice.split("+")
+    return "[" + ",".join(n.strip() for n in names) + "]"
+
+
+def rewrite_argv(argv: list[str], conf: Path = CONF) -> list[str]:
+    """Command-line items as Hydra can take them (see the module docstring); others as is."""
+    per_device_mem = any(
+        a.lstrip("+").startswith("mem.") and not a.lstrip("+").startswith("mem.all=") for a in argv
+    )
+    options = {p.stem for p in (conf / "devices").glob("*.yaml")}
+    out = []
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        bare = key.lstrip("+~")
+        if not sep or key.startswith("~") or _HYDRA_FUNCTION.match(value):
+            out.append(arg)
+        elif bare == "mem" and (per_device_mem or "[" in value):
+            out.append(f"mem.all={value}")
+        elif bare.startswith("mem.") and bare.count(".") == 1:
+            # a Hydra key cannot hold ':': mem.cuda:1 is kept as mem.cuda_1 (see _mem)
+            out.append(f"++{bare.replace(':', '_')}={value}")
+        elif bare == "devices":
+            choices = _split_top(value)
+            if all(c.strip() in options for c in choices):
+                out.append(f"devices={value}")
+            else:  # an ad-hoc mix (or a sweep with one): the list itself
+                out.append("devices.names=" + ",".join(_device_list(c) for c in choices))
+        else:
+            out.append(arg)
+    return out
+
+
 def _as_tuple(value: Any) -> tuple[str, ...]:
-    """``cpu`` / ``"cpu,cuda"`` / ``[cpu, cuda]`` -> ``("cpu", "cuda")``."""
+    """``cpu`` / ``"cpu,cuda"`` / ``"cpu+cuda"`` / ``[cpu, cuda]`` -> ``("cpu", "cuda")``."""
     if isinstance(value, (list, tuple, ListConfig)):
         return tuple(str(v).strip() for v in value)
-    return tuple(s.strip() for s in str(value).split(","))
+    return tuple(s.strip() for s in re.split(r"[,+]", str(value)))
+
+
+def _devices(cfg: DictConfig) -> tuple[str, ...]:
+    """The device mix: the ``devices`` group (``names: [cpu2, cpu1]``), or a plain list or
+    ``+``-joined string where a config sets ``devices`` directly."""
+    dev = cfg.devices
+    if isinstance(dev, DictConfig):
+        if "names" not in dev:
+            raise ConfigError("devices has no 'names': choose devices=<mix> (conf/devices/)")
+        dev = dev.names
+    return _as_tuple(dev)
+
+
+def _mem(cfg: DictConfig) -> tuple[str, ...] | dict[str, Any]:
+    """``mem``: a string or list (every device / one per device) or the group of keys
+    ``{all: ..., <device>: ...}``."""
+    mem = cfg.mem
+    if isinstance(mem, DictConfig):
+        return {
+            re.sub(r"^cuda_(\d+)$", r"cuda:\1", str(k)): (
+                _as_list(v) if isinstance(v, ListConfig) else str(v)
+            )
+            for k, v in mem.items()
+        }
+    if isinstance(mem, ListConfig):
+        return _as_list(mem)
+    return (str(mem),)
+
+
+def _as_list(value: ListConfig) -> tuple[str, ...]:
+    return tuple(str(v).strip() for v in value)
 
 
 def run_config_from(cfg: DictConfig) -> RunConfig:
@@ -92,8 +186,8 @@ def run_config_from(cfg: DictConfig) -> RunConfig:
             num_classes=int(cfg.net.get("num_classes", 1000)),
             mode=str(cfg.mode),
             graph_path=None if cfg.graph is None else str(cfg.graph),
-            devices=_as_tuple(cfg.devices),
-            mem=_as_tuple(cfg.mem),
+            devices=_devices(cfg),
+            mem=_mem(cfg),
             solver=str(s.name),
             solver_options=SolverOptions(
                 time_limit_s=None if s.time_limit_s is None else float(s.time_limit_s),
@@ -150,10 +244,21 @@ def _set_console_level(lvl: int) -> None:
             h.setLevel(lvl)
 
 
+def _mem_and_devices(cfg: DictConfig) -> tuple[str, str]:
+    """The budgets and the device mix as short texts (``70%``, ``cpu2+cpu1``); a config that
+    cannot be read (a skipped point of a sweep) gives its raw values."""
+    try:
+        devices = _devices(cfg)
+        mem = RunConfig(devices=devices, mem=_mem(cfg)).mem_text
+        return mem, "+".join(devices)
+    except (ConfigError, MemorySpecError, TypeError, ValueError):
+        return str(cfg.get("mem")), str(cfg.get("devices"))
+
+
 def _run_name(cfg: DictConfig) -> str:
     what = Path(str(cfg.graph)).stem if cfg.graph is not None else str(cfg.net.name)
-    mem = "+".join(_as_tuple(cfg.mem))
-    return f"{what}-{mem}-{'+'.join(_as_tuple(cfg.devices))}-{cfg.solver.name}"
+    mem, devices = _mem_and_devices(cfg)
+    return f"{what}-{mem}-{devices}-{cfg.solver.name}"
 
 
 def _tracker(cfg: DictConfig, console_level: int = logging.WARNING) -> Tracker:
@@ -181,7 +286,11 @@ def _tracker(cfg: DictConfig, console_level: int = logging.WARNING) -> Tracker:
 def _start(tracker: Tracker, cfg: DictConfig) -> None:
     from xengine.tracking import config_yaml, flatten_config
 
-    tracker.params(flatten_config(cfg))
+    params = flatten_config(cfg)
+    mem, devices = _mem_and_devices(cfg)
+    params.setdefault("mem", mem)  # one key whatever the shape of mem / devices in the config
+    params.setdefault("devices", devices)
+    tracker.params(params)
     tracker.text_artifact(config_yaml(cfg), "config.yaml")
 
 
@@ -203,6 +312,8 @@ def _title(run_cfg: RunConfig, prepared: Prepared) -> str:
             run_cfg.devices, run_cfg.memory_specs(), prepared.budget_bytes, strict=True
         )
     )
+    if len(run_cfg.devices) > 1:
+        budgets += f"; total {format_bytes(sum(prepared.budget_bytes))}"
     what = (
         run_cfg.graph_path
         if run_cfg.solve_only
@@ -213,7 +324,7 @@ def _title(run_cfg: RunConfig, prepared: Prepared) -> str:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    from xengine.report import format_table, table_csv
+    from xengine.report import format_table, summary_lines, table_csv
 
     multirun = HydraConfig.get().mode.name == "MULTIRUN"
     console = logging.WARNING
@@ -240,9 +351,13 @@ def main(cfg: DictConfig) -> None:
             tracker.text_artifact(table_csv(rows), "table.csv")
         finally:
             _job_files(tracker)
-    print(format_table(rows, title=_title(run_cfg, prepared)))
+    footer = []
+    if len(run_cfg.devices) > 1:
+        footer = summary_lines(protocol_summary(rows), run_cfg.devices)
+    print(format_table(rows, title=_title(run_cfg, prepared), footer=footer))
 
 
 if __name__ == "__main__":
     _check_group_choices(sys.argv[1:])
+    sys.argv[1:] = rewrite_argv(sys.argv[1:])
     main()

@@ -27,6 +27,7 @@ from xengine.pipeline import (
     RunConfig,
     StrategySpec,
     prepare,
+    protocol_summary,
     run_pipeline,
 )
 from xengine.problem import Instance
@@ -281,11 +282,16 @@ def test_default_config_composes_to_the_documented_defaults():
             compose(
                 config_name="config",
                 overrides=["net=resnet50", "mem=2GB", "solver=gurobi", "solver.time_limit_s=60",
-                           "devices=[cpu,cuda]", "mode=infer", "execute=false"],
+                           "devices=cpu+cuda", "mode=infer", "execute=false"],
             )
         )  # fmt: skip
+        solvers = [compose(config_name="config", overrides=[f"solver={p.stem}"]).solver
+                   for p in (REPO / "conf" / "solver").glob("*.yaml")]  # fmt: skip
     assert (rc.net, rc.batch_size, rc.image_size, rc.mode) == ("resnet18", 4, 224, "train")
-    assert rc.devices == ("cpu",) and rc.mem == ("70%",) and rc.solver == "highs"
+    assert rc.devices == ("cpu",) and rc.mem == {"all": "70%"} and rc.solver == "highs"
+    assert rc.memory_texts() == ("70%",) and rc.mem_text == "70%"
+    assert rc.solver_options.time_limit_s == 120.0  # the default run ends in a few minutes
+    assert len(solvers) == 5 and {s.time_limit_s for s in solvers} == {120}
     assert rc.strategies == (
         "checkmate",
         "lp_rounding",
@@ -299,7 +305,8 @@ def test_default_config_composes_to_the_documented_defaults():
         "resnet50", ("2GB",), "gurobi", "infer", False,
     )  # fmt: skip
     assert over.solver_options.time_limit_s == 60.0
-    assert over.devices == ("cpu", "cuda")
+    assert over.devices == ("cpu", "cuda") and over.memory_texts() == ("2GB", "2GB")
+    assert over.run_strategies[-1] == "xengine"  # joins with two devices
 
 
 def test_every_net_config_names_a_capturable_net():
@@ -388,14 +395,17 @@ def test_failures_and_missing_incumbents_are_recorded_and_the_run_goes_on(
     assert by["chen_sqrtn"].status == "feasible"
 
 
-def test_several_devices_run_single_device_baselines_per_device_and_xengine(tmp_path):
+def test_several_devices_follow_the_papers_protocol(tmp_path):
+    """Single-device strategies run on each device alone with the TOTAL memory; xengine joins
+    by itself, gets the per-device budgets, and its gain over the fastest single-device
+    schedule is recorded."""
     path = tmp_path / "two.json"
     save_graph(_chain_graph(devices=("cpu", "cuda")), path)
     cfg = RunConfig(
         graph_path=str(path),
         devices=("cpu", "cuda"),
-        mem=("5MiB", "4MiB"),
-        strategies=("xengine", "checkmate", "chen_sqrtn"),
+        mem={"all": "5MiB", "cuda": "4MiB"},
+        strategies=("checkmate", "chen_sqrtn"),
     )
     rec = Recorder()
     rows = run_pipeline(cfg, rec)
@@ -409,11 +419,40 @@ def test_several_devices_run_single_device_baselines_per_device_and_xengine(tmp_
     ]
     by = {r.label: r for r in rows}
     assert by["xengine"].budget_bytes == (5 * MIB, 4 * MIB)
-    assert by["checkmate.cuda"].budget_bytes == (4 * MIB,)
-    # XEngine is never worse than the best single-device Checkmate schedule (its warm start)
-    best = min(by[k].predicted_time_s for k in ("checkmate.cpu", "checkmate.cuda"))
-    assert by["xengine"].predicted_time_s <= best * (1 + 1e-6)
+    for label in labels[:-1]:
+        assert by[label].budget_bytes == (9 * MIB,) and by[label].alone
+    assert not by["xengine"].alone
+    # 9 MiB on one device is more than the keep-everything peak (8 MiB): no recomputation
+    assert by["checkmate.cpu"].n_recomputes == 0
+    summary = protocol_summary(rows)
+    best = min(by[k].predicted_time_s for k in labels[:-1])
+    assert summary.best_single.predicted_time_s == best
+    xe = by["xengine"].predicted_time_s
+    assert summary.gain == pytest.approx((best - xe) / best)
+    assert rec.metrics_["xengine/gain_vs_best_single"] == pytest.approx(summary.gain)
+    assert rec.tags_["xe.best_single"] == summary.best_single.label
+    assert rec.tags_["xe.infeasible_single"] == "none"
     assert "xengine/predicted_peak_mib.cuda" in rec.metrics_
+    assert by["xengine"].predicted_peak_bytes[1] <= 4 * MIB
+
+
+def test_protocol_lists_single_device_schedules_that_do_not_fit(tmp_path):
+    path = tmp_path / "two.json"
+    save_graph(_chain_graph(devices=("cpu", "cuda")), path)
+    # 2.5 MiB each: the total (5 MiB) fits Checkmate but not checkpoint-all (8 MiB)
+    cfg = RunConfig(
+        graph_path=str(path),
+        devices=("cpu", "cuda"),
+        mem=("2.5MiB",),
+        strategies=("checkmate", "checkpoint_all"),
+    )
+    rec = Recorder()
+    summary = protocol_summary(run_pipeline(cfg, rec))
+    assert summary.infeasible_single == ["checkpoint_all.cpu", "checkpoint_all.cuda"]
+    assert rec.tags_["xe.infeasible_single"] == "checkpoint_all.cpu,checkpoint_all.cuda"
+    # no device alone can run a node that needs 4 MiB with 2.5 MiB: xengine is infeasible
+    assert summary.xengine.status == "infeasible" and summary.gain is None
+    assert "xengine/gain_vs_best_single" not in rec.metrics_
 
 
 def test_infer_mode_on_a_graph_file_keeps_the_forward_part(graph_file):

@@ -4,6 +4,12 @@ graph (captured from a net, or a graph JSON file) -> cost profile (cached) -> ev
 on the instance -> simulator -> execution of each schedule that fits -> one row per strategy,
 beside a plain PyTorch step as the reference.
 
+With several devices the run follows the paper's protocol (as :func:`xengine.compare.compare`):
+XEngine gets budget ``b_d`` on every device ``d``; each single-device strategy (Checkmate, LP
+rounding, the heuristics) runs on each device alone with the *total* memory ``sum_d b_d``;
+XEngine is warm-started from the fastest single-device schedule that also fits the per-device
+budgets, and :func:`protocol_summary` gives its gain over the fastest single-device schedule.
+
 This module takes plain dataclasses; the Hydra entry point (``run.py``) builds a
 :class:`RunConfig` from the composed config. Bad input (unknown net, solver or strategy, a
 memory string that cannot be read, a budget below the smallest feasible one, a malformed graph
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -52,8 +59,8 @@ class StrategySpec:
     """Where a strategy lives and how it is called.
 
     ``one_device``: it takes a single-device instance (Checkmate and its heuristics); with
-    several devices it runs once per device, on that device's budget, as in the paper's
-    protocol. ``uses_solver``: it takes ``solver=`` and ``options=``.
+    several devices it runs once per device, alone with the total memory of all devices, as
+    in the paper's protocol. ``uses_solver``: it takes ``solver=`` and ``options=``.
     """
 
     target: str
@@ -82,9 +89,12 @@ def _load(target: str) -> Callable[..., Any]:
 class RunConfig:
     """Everything one run needs, as plain values (see ``conf/config.yaml`` for the meaning).
 
-    ``mem`` holds one memory string for all devices or one per device.
-    ``graph_path`` set means solve-only: the graph file brings its own costs and nothing is
-    executed (there is no model to run).
+    ``mem`` holds one memory string for all devices, one per device, or a mapping: ``"all"``
+    (one string for every device, or one per device) and device names (that device's budget,
+    which wins over ``"all"``), as ``conf/config.yaml``'s ``mem`` group of keys. A percentage
+    is of the keep-everything peak. ``graph_path`` set means solve-only: the graph file brings
+    its own costs and nothing is executed (there is no model to run). With two devices or more
+    ``xengine`` joins the strategies (:attr:`run_strategies`).
     """
 
     net: str = "resnet18"
@@ -94,7 +104,7 @@ class RunConfig:
     mode: str = "train"
     graph_path: str | None = None
     devices: tuple[str, ...] = ("cpu",)
-    mem: tuple[str, ...] = ("70%",)
+    mem: tuple[str, ...] | Mapping[str, Any] = ("70%",)
     solver: str = "highs"
     solver_options: SolverOptions = field(default_factory=SolverOptions)
     formulation: str = "exact"
@@ -121,18 +131,52 @@ class RunConfig:
         (the executor runs training steps; ``mode=infer`` is solve-only)."""
         return self.execute and not self.solve_only and self.mode == "train"
 
+    @property
+    def run_strategies(self) -> tuple[str, ...]:
+        """The strategies that run: ``strategies``, plus ``xengine`` with several devices."""
+        if len(self.devices) > 1 and "xengine" not in self.strategies:
+            return (*self.strategies, "xengine")
+        return tuple(self.strategies)
+
+    def memory_texts(self) -> tuple[str, ...]:
+        """One memory string per device, in device order."""
+        devices, mem = self.devices, self.mem
+        if isinstance(mem, Mapping):
+            extra = [k for k in mem if k != "all" and k not in devices]
+            if extra:
+                raise ConfigError(
+                    f"mem.{extra[0]}={mem[extra[0]]}: {extra[0]!r} is not in the device mix "
+                    f"({', '.join(devices)}); give budgets as mem=<size> (every device) or "
+                    "mem.<device>=<size>"
+                )
+            base = mem.get("all")
+            texts = None if base is None else _texts(base, devices, "mem")
+            out = []
+            for k, d in enumerate(devices):
+                if d in mem:
+                    out.append(str(mem[d]))
+                elif texts is None:
+                    raise ConfigError(
+                        f"no budget for device {d!r}: set mem=<size> (every device) or "
+                        f"mem.{d}=<size>"
+                    )
+                else:
+                    out.append(texts[k])
+            return tuple(out)
+        return _texts(mem, devices, "mem")
+
     def memory_specs(self) -> tuple[MemorySpec, ...]:
         """One parsed budget per device (a single value applies to every device)."""
-        specs = tuple(parse_memory(m) for m in self.mem)
-        if len(specs) == 1:
-            return specs * len(self.devices)
-        if len(specs) != len(self.devices):
-            raise ConfigError(
-                f"mem has {len(specs)} values ({', '.join(self.mem)}) for "
-                f"{len(self.devices)} devices ({', '.join(self.devices)}): give one budget for "
-                "all devices or one per device"
-            )
-        return specs
+        return tuple(parse_memory(m) for m in self.memory_texts())
+
+    @property
+    def mem_text(self) -> str:
+        """The budgets as one short text: ``70%`` when every device has the same, else
+        ``cpu2=1GB,cpu1=2GB`` (the ``mem`` param of a run and part of its name)."""
+        texts = self.memory_texts()
+        if len(set(texts)) == 1:
+            return texts[0]
+        return ",".join(f"{d}={t}" for d, t in zip(self.devices, texts, strict=True))
 
     def validate(self) -> tuple[MemorySpec, ...]:
         """Cheap checks of every value; returns the parsed budgets."""
@@ -140,8 +184,13 @@ class RunConfig:
             raise ConfigError(f"mode={self.mode!r} is not one of {', '.join(MODES)}")
         if not self.devices or any(not d for d in self.devices):
             raise ConfigError("devices is empty: name at least one device, e.g. devices=cpu")
-        if len(set(self.devices)) != len(self.devices):
-            raise ConfigError(f"devices={','.join(self.devices)} names a device twice")
+        same = [_canonical_device(d) for d in self.devices]
+        if len(set(same)) != len(same):
+            dup = next(d for k, d in enumerate(self.devices) if same[k] in same[:k])
+            raise ConfigError(
+                f"devices={'+'.join(self.devices)} names device {dup!r} twice: each device of "
+                "the mix must be different (CPU sub-devices: cpu2+cpu1)"
+            )
         specs = self.memory_specs()
         if not self.strategies:
             raise ConfigError("strategy is empty: name at least one strategy")
@@ -152,7 +201,7 @@ class RunConfig:
             )
         if len(set(self.strategies)) != len(self.strategies):
             raise ConfigError(f"strategy={','.join(self.strategies)} names a strategy twice")
-        if any(STRATEGIES[s].uses_solver for s in self.strategies):
+        if any(STRATEGIES[s].uses_solver for s in self.run_strategies):
             if self.solver.lower() not in available_solvers():
                 raise SolverUnavailable(
                     f"unknown solver {self.solver!r}: this build has "
@@ -186,10 +235,32 @@ class RunConfig:
         return specs
 
 
+def _texts(value: Any, devices: tuple[str, ...], key: str) -> tuple[str, ...]:
+    """``"2GB"`` or ``("2GB",)`` -> one text per device; ``("1GB", "2GB")`` -> as is (one
+    per device)."""
+    texts = (str(value),) if isinstance(value, str) else tuple(str(v) for v in value)
+    if len(texts) == 1:
+        return texts * len(devices)
+    if len(texts) != len(devices):
+        raise ConfigError(
+            f"{key} has {len(texts)} values ({', '.join(texts)}) for {len(devices)} devices "
+            f"({', '.join(devices)}): give one budget for all devices or one per device"
+        )
+    return texts
+
+
+def _canonical_device(name: str) -> str:
+    """``cuda`` and ``cuda:0`` are the same device."""
+    return "cuda:0" if name == "cuda" else name
+
+
 # ------------------------------------------------------------------------------ results
 @dataclass
 class RunRow:
-    """One line of the comparison table (and of ``table.csv``)."""
+    """One line of the comparison table (and of ``table.csv``).
+
+    ``alone``: a single-device strategy in a run over several devices, on one device with the
+    total memory of all of them (the paper's baseline)."""
 
     label: str
     strategy: str
@@ -207,6 +278,7 @@ class RunRow:
     n_recomputes: int | None = None
     grads_match: bool | None = None
     note: str = ""
+    alone: bool = False
     result: StrategyResult | None = field(default=None, repr=False)
     execution: Any = field(default=None, repr=False)
 
@@ -265,6 +337,8 @@ class Tracker(Protocol):
 
     def dir_artifacts(self, path: str | Path, artifact_path: str | None = None) -> None: ...
 
+    def figure(self, fig: Any, artifact_file: str) -> None: ...
+
 
 class NullTracker:
     """Records nothing (``tracking.enabled=false`` and library use)."""
@@ -294,6 +368,9 @@ class NullTracker:
         pass
 
     def dir_artifacts(self, path: str | Path, artifact_path: str | None = None) -> None:
+        pass
+
+    def figure(self, fig: Any, artifact_file: str) -> None:
         pass
 
 
@@ -374,7 +451,7 @@ def prepare(cfg: RunConfig) -> Prepared:
             log.info("mode=infer: schedules are solved, not executed")
         _check_devices_exist(cfg)
         if cfg.profile_path is not None:
-            profile = _read_profile(cfg.profile_path, cfg.devices)
+            profile = _read_profile(cfg.profile_path, cfg.devices, cfg)
         from xengine.graph.capture import capture_net
 
         log.info(
@@ -401,12 +478,17 @@ def prepare(cfg: RunConfig) -> Prepared:
     keep_all = view.keep_all_peak_bytes()
     budgets = tuple(s.resolve_bytes(keep_all) for s in specs)
     lower, known = _min_feasible_budget(view)
-    if all(b < lower for b in budgets):
+    # several devices: the single-device baselines get the total, so the run makes sense as
+    # long as the total fits (XEngine itself is then reported infeasible if no device fits)
+    if sum(budgets) < lower:
         smallest = f"{format_bytes(lower)} ({lower} bytes)"
         if known is not None and known > lower:
             smallest += f"; a schedule is known to fit {format_bytes(known)} ({known} bytes)"
+        what = _budget_text(specs, budgets)
+        if len(budgets) > 1:
+            what += f" (total {format_bytes(sum(budgets))})"
         raise BudgetError(
-            f"budget {_budget_text(specs, budgets)} is below the smallest feasible budget "
+            f"budget {what} is below the smallest feasible budget "
             f"of {graph.name}, {smallest}; the keep-everything peak is {format_bytes(keep_all)}"
         )
     log.info(
@@ -455,23 +537,39 @@ def _forward_only(graph: Graph) -> Graph:
     )
 
 
-def _check_devices_exist(cfg: RunConfig) -> None:
-    """A device that must be profiled or executed here has to exist here."""
-    needs_here = cfg.executes or cfg.profile_path is None
-    if not needs_here:
-        return
-    for d in cfg.devices:
-        if d.startswith("cuda"):
-            import torch
+_CPU_NAME = re.compile(r"^cpu(\d+)?$")
+_CUDA_NAME = re.compile(r"^cuda(?::(\d+))?$")
 
-            if not torch.cuda.is_available():
-                raise ConfigError(
-                    f"device {d!r} is not available on this machine: load a profile measured "
-                    "on a GPU machine with profile.path=<file> execute=false"
-                )
-        elif not d.startswith("cpu"):
+
+def _check_devices_exist(cfg: RunConfig) -> None:
+    """Device names are ones the executor knows; a device that must be profiled or executed
+    here has to exist here (a CUDA device named in a solve-only run with a profile file
+    measured elsewhere need not)."""
+    for d in cfg.devices:
+        m = _CPU_NAME.match(d)
+        if m and m.group(1) is not None and int(m.group(1)) < 1:
+            raise ConfigError(f"device {d!r}: a CPU device needs at least one thread (cpu1)")
+        if not m and not _CUDA_NAME.match(d):
             raise ConfigError(
                 f"device {d!r} is not a device name: cpu, cpu<k> (k threads), cuda, cuda:<i>"
+            )
+    if not (cfg.executes or cfg.profile_path is None):
+        return
+    for d in cfg.devices:
+        m = _CUDA_NAME.match(d)
+        if m is None:
+            continue
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"device {d!r} is not available on this machine (torch sees no CUDA device): "
+                "solve only, with a profile measured on a GPU machine: "
+                "profile.path=<file> execute=false"
+            )
+        if int(m.group(1) or 0) >= torch.cuda.device_count():
+            raise ConfigError(
+                f"device {d!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
             )
 
 
@@ -481,12 +579,16 @@ def run_pipeline(
 ) -> list[RunRow]:
     """Run every strategy of ``cfg``; rows come back in table order (reference first).
 
-    Each row is handed to ``tracker`` as soon as it is complete, so a crash later in the run
-    loses nothing already measured.
+    Each row is handed to ``tracker`` as soon as it is complete (metrics, schedule, figures),
+    so a crash later in the run loses nothing already measured. With several devices the
+    single-device strategies get the total memory on each device alone, ``xengine`` joins,
+    and the gain over the fastest single-device schedule is recorded (:func:`protocol_summary`).
     """
     tracker = tracker or NullTracker()
     prep = prepared or prepare(cfg)
     graph = prep.graph
+    several = len(cfg.devices) > 1
+    total = int(sum(prep.budget_bytes))
     tracker.metrics(
         {
             "graph/num_nodes": graph.size,
@@ -494,6 +596,7 @@ def run_pipeline(
             "graph/keep_all_peak_mib": prep.keep_all_peak_bytes / MIB,
             "graph/min_budget_mib": prep.min_budget_bytes / MIB,
             "graph/fixed_mib": graph.fixed_bytes / MIB,
+            "protocol/total_budget_mib": total / MIB,
         }
     )
     if prep.captured is not None:
@@ -511,51 +614,232 @@ def run_pipeline(
         _record(tracker, ref_row)
 
     # one-device strategies first: their best schedule warm-starts the heterogeneous model
-    order = sorted(cfg.strategies, key=lambda s: not STRATEGIES[s].one_device)
-    best_single: StrategyResult | None = None
+    order = sorted(cfg.run_strategies, key=lambda s: not STRATEGIES[s].one_device)
+    alone: list[StrategyResult] = []
     for name in order:
         spec = STRATEGIES[name]
-        if spec.one_device:
-            targets = [
-                (d, inst.only_device(d, prep.budget_bytes[d])) for d in range(len(cfg.devices))
-            ]
+        if spec.one_device:  # the paper's baseline: one device alone with the total memory
+            targets = [(d, inst.only_device(d, total)) for d in range(len(cfg.devices))]
         else:
             targets = [(None, inst)]
         for d, sub in targets:
-            label = name if (d is None or len(cfg.devices) == 1) else f"{name}.{cfg.devices[d]}"
+            label = name if (d is None or not several) else f"{name}.{cfg.devices[d]}"
             warm = None
-            if name == "xengine" and best_single is not None:
-                warm = best_single.schedule.on_devices(inst.devices)
+            if name == "xengine":
+                warm = _warm_start(inst, alone, cfg, tracker, prep.min_budget_bytes)
             res = _solve(name, spec, sub, cfg, warm, prep.min_budget_bytes, label)
             row = _row(label, res)
+            row.alone = spec.one_device and several
             if cfg.executes and prep.captured is not None:
                 _execute_into(row, res, sub, cfg, prep, reference)
             rows.append(row)
             _record(tracker, row)
-            if (
-                name == "checkmate"
-                and res.has_schedule
-                and res.sim.within_budget
-                and (best_single is None or res.sim.time_s < best_single.sim.time_s)
-            ):
-                best_single = res
+            _record_figures(tracker, row, sub)
+            if spec.one_device:
+                alone.append(res)
+    if several:
+        _record_summary(tracker, protocol_summary(rows))
     return rows
 
 
-def _read_profile(path: str, devices: tuple[str, ...]) -> Any:
-    """The profile file a user brought (``profile.path``); a malformed file, or one without
-    times for a configured device, is a :class:`ConfigError` naming the file and the field."""
+def _fits(res: StrategyResult | None) -> bool:
+    """A schedule that the simulator finds within its budget (as in ``xengine.compare``)."""
+    return (
+        res is not None
+        and res.has_schedule
+        and res.sim.within_budget
+        and res.status in ("optimal", "feasible")
+    )
+
+
+def _warm_start(
+    inst: Instance, alone: list[StrategyResult], cfg: RunConfig, tracker: Tracker, min_budget: int
+) -> Schedule | None:
+    """XEngine's warm start: the fastest single-device schedule that also fits the per-device
+    budgets of ``inst``. First among those solved with the total memory (the rule of
+    ``xengine.compare.compare``); when none fits, Checkmate and the heuristics are run on each
+    device alone with that device's own budget (DESIGN.md section 6: every such schedule is a
+    feasible point of XEngine's model, so its optimum is never worse than theirs). Those
+    Checkmate solves get a quarter of the time limit and stop at a 5 % gap: a warm start needs
+    a good schedule, not a proof."""
+
+    def first_fitting(cands: list[StrategyResult], how: str) -> Schedule | None:
+        for cand in sorted((c for c in cands if _fits(c)), key=lambda r: r.sim.time_s):
+            embedded = cand.schedule.on_devices(inst.devices)
+            if simulate(inst, embedded, check_budget=False).within_budget:
+                what = f"{cand.strategy} on {cand.devices[0]} ({how})"
+                log.info("xengine: warm start from %s, %.4g s", what, cand.sim.time_s)
+                tracker.tags({"xe.warm_start": what})
+                return embedded
+        return None
+
+    warm = first_fitting(alone, "total memory")
+    if warm is not None or inst.n_devices == 1:
+        return warm
+    t0 = time.perf_counter()
+    extra = []
+    opts = cfg.solver_options
+    opts = replace(
+        opts,
+        time_limit_s=None if opts.time_limit_s is None else opts.time_limit_s / 4,
+        rel_gap=max(opts.rel_gap, 0.05),
+    )
+    for d in range(inst.n_devices):
+        if inst.budget_bytes[d] < min_budget:  # no schedule fits this device alone
+            continue
+        sub = inst.only_device(d, inst.budget_bytes[d])
+        for name in ("checkmate", "checkpoint_all", "chen_sqrtn", "chen_greedy"):
+            kwargs: dict[str, Any] = {}
+            if STRATEGIES[name].uses_solver:
+                kwargs.update(solver=cfg.solver, options=opts)
+            log.info("warm start: %s on %s alone, %s", name, sub.devices[0], _budget_list(sub))
+            try:
+                res = _load(STRATEGIES[name].target)(sub, **kwargs)
+                if res.schedule is not None and res.sim is None:
+                    res.sim = simulate(sub, res.schedule, check_budget=False)
+                extra.append(res)
+            except Exception as exc:  # a warm start is optional
+                log.info("warm start candidate %s failed: %s", name, exc)
+    tracker.metrics({"xengine/warm_start_time_s": time.perf_counter() - t0})
+    warm = first_fitting(extra, "its own budget")
+    if warm is None:
+        log.info("xengine: no single-device schedule fits the per-device budgets; cold start")
+        tracker.tags({"xe.warm_start": "none"})
+    return warm
+
+
+@dataclass
+class ProtocolSummary:
+    """The headline of a run over several devices: XEngine against the fastest single-device
+    schedule that fits the total memory (predicted by the simulator, and measured when both
+    were executed). ``gain`` = (best single time - XEngine time) / best single time."""
+
+    total_budget_bytes: int | None
+    xengine: RunRow | None
+    best_single: RunRow | None
+    infeasible_single: list[str]
+
+    @property
+    def gain(self) -> float | None:
+        x, b = self.xengine, self.best_single
+        if x is None or b is None or not _fits(x.result) or not b.predicted_time_s:
+            return None
+        return (b.predicted_time_s - x.predicted_time_s) / b.predicted_time_s
+
+    @property
+    def measured_gain(self) -> float | None:
+        x, b = self.xengine, self.best_single
+        if self.gain is None or x.measured_time_s is None or not b.measured_time_s:
+            return None
+        return (b.measured_time_s - x.measured_time_s) / b.measured_time_s
+
+
+def protocol_summary(rows: list[RunRow]) -> ProtocolSummary:
+    """Best single-device row, XEngine's row, and the single-device rows with no schedule
+    that fits the total memory, from the rows of a run over several devices."""
+    singles = [r for r in rows if r.alone]
+    xe = next((r for r in rows if r.strategy == "xengine" and len(r.devices) > 1), None)
+    fitting = [r for r in singles if _fits(r.result)]
+    best = min(fitting, key=lambda r: r.predicted_time_s) if fitting else None
+    total = xe.budget_bytes if xe is not None else None
+    return ProtocolSummary(
+        total_budget_bytes=None if not total else int(sum(total)),
+        xengine=xe,
+        best_single=best,
+        infeasible_single=[r.label for r in singles if not _fits(r.result)],
+    )
+
+
+def _record_summary(tracker: Tracker, summary: ProtocolSummary) -> None:
+    metrics = {}
+    if summary.gain is not None:
+        metrics["xengine/gain_vs_best_single"] = summary.gain
+    if summary.measured_gain is not None:
+        metrics["xengine/measured_gain_vs_best_single"] = summary.measured_gain
+    if summary.best_single is not None:
+        metrics["protocol/best_single_predicted_time_ms"] = (
+            summary.best_single.predicted_time_s * 1e3
+        )
+    tracker.metrics(metrics)
+    tracker.tags(
+        {
+            "xe.best_single": summary.best_single.label if summary.best_single else "none",
+            "xe.infeasible_single": ",".join(summary.infeasible_single) or "none",
+        }
+    )
+    log.info(
+        "gain of xengine over the fastest single-device schedule: %s",
+        "-" if summary.gain is None else f"{100 * summary.gain:+.2f} %",
+    )
+
+
+def _record_figures(tracker: Tracker, row: RunRow, inst: Instance) -> None:
+    """``figures/<label>_memory.png`` (memory per device over the steps) and
+    ``figures/<label>_R.png`` (R coloured by device) for a row with a schedule."""
+    log_figure = getattr(tracker, "figure", None)
+    res = row.result
+    if isinstance(tracker, NullTracker) or log_figure is None or res is None:
+        return
+    if not res.has_schedule:
+        return
+    try:
+        import matplotlib.pyplot as plt
+
+        from xengine.plots import memory_over_steps, r_matrix
+
+        title = f"{inst.graph.name}: {row.label} ({row.status})"
+        for suffix, make in (
+            ("memory", lambda: memory_over_steps(inst, res.sim, title=f"{title}, memory")),
+            ("R", lambda: r_matrix(inst, res.schedule.R, title=f"{title}, R by device")),
+        ):
+            fig = make()
+            try:
+                log_figure(fig, f"figures/{_file_label(row.label)}_{suffix}.png")
+            finally:
+                plt.close(fig)
+    except Exception as exc:  # a missing picture never ends the run
+        log.warning("%s: figures not logged: %s: %s", row.label, type(exc).__name__, exc)
+
+
+def _file_label(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.+-]", "_", label)
+
+
+def _read_profile(path: str, devices: tuple[str, ...], cfg: RunConfig | None = None) -> Any:
+    """The profile file a user brought (``profile.path``); a malformed file, one measured for
+    another net, batch size, image size or mode, or one without times for a configured device
+    or copy models between them, is a :class:`ConfigError` naming the file and the field."""
     from xengine.profile.profiler import Profile, ProfileError
 
     try:
         profile = Profile.load(Path(path))
     except ProfileError as exc:
         raise ConfigError(str(exc)) from None
+    if cfg is not None:
+        for fld, ours, what in (
+            ("net", cfg.net, "net.name"),
+            ("batch_size", cfg.batch_size, "net.batch_size"),
+            ("image_size", cfg.image_size, "net.image_size"),
+            ("mode", cfg.mode, "mode"),
+        ):
+            theirs = profile.key.get(fld)
+            if theirs is not None and theirs != ours:
+                raise ConfigError(
+                    f"{path}: field 'key.{fld}' is {theirs!r} but this run has {what}={ours}: "
+                    f"the profile was measured for another {fld.replace('_', ' ')}"
+                )
     missing = [d for d in devices if d not in profile.compute_s]
     if missing:
         raise ConfigError(
             f"{path}: field 'compute_s' has no times for device {missing[0]!r} "
             f"(it has {', '.join(profile.compute_s)}); set devices= accordingly"
+        )
+    pairs = [(a, b) for a in devices for b in devices if a != b and (a, b) not in profile.copy]
+    if pairs:
+        a, b = pairs[0]
+        raise ConfigError(
+            f"{path}: field 'copy' has no copy model from {a!r} to {b!r}; profile the "
+            "devices together (devices=...) to measure it"
         )
     return profile
 
@@ -816,12 +1100,14 @@ __all__ = [
     "ConfigError",
     "NullTracker",
     "Prepared",
+    "ProtocolSummary",
     "RunConfig",
     "RunRow",
     "StrategySpec",
     "Tracker",
     "grads_match",
     "prepare",
+    "protocol_summary",
     "run_pipeline",
     "run_status",
 ]

@@ -1,7 +1,10 @@
 """The comparison table: one row per strategy (and the plain PyTorch reference).
 
 The same rows become the printed table, ``table.csv`` (an MLflow artifact) and the MLflow
-metrics; units are in the column names. Several devices show as ``a / b`` in device order.
+metrics; units are in the column names. Several devices show as ``a / b`` in device order
+(peaks and budgets of the XEngine row). A run over several devices ends with the paper's
+headline: XEngine's gain over the fastest single-device schedule, and which single-device
+schedules do not fit the total memory (:func:`summary_lines`).
 """
 
 from __future__ import annotations
@@ -10,7 +13,8 @@ import csv
 import io
 from collections.abc import Callable, Sequence
 
-from xengine.pipeline import MIB, RunRow
+from xengine.pipeline import MIB, ProtocolSummary, RunRow
+from xengine.units import format_bytes
 
 Cell = Callable[[RunRow], str]
 
@@ -67,12 +71,52 @@ CSV_FIELDS: list[tuple[str, Callable[[RunRow], object]]] = [
     ("n_recomputes", lambda r: r.n_recomputes),
     ("grads_match", lambda r: _yes_no(r.grads_match)),
     ("note", lambda r: r.note),
+    ("alone_with_total_memory", lambda r: "yes" if r.alone else ""),
 ]
 """(column, value) for ``table.csv``: full precision, empty cells for missing values."""
 
 
-def format_table(rows: Sequence[RunRow], title: str = "") -> str:
-    """A fixed-width text table, followed by one note line per row that has a note."""
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:+.1f} %"
+
+
+def summary_lines(summary: ProtocolSummary, devices: Sequence[str]) -> list[str]:
+    """The lines under the table of a run over several devices."""
+    tb = summary.total_budget_bytes
+    total = "" if tb is None else f" ({format_bytes(tb)})"
+    out = [
+        f"per-device values ({' / '.join(devices)}) are in device order; single-device rows "
+        f"(<strategy>.<device>) ran on that device alone with the total memory{total}"
+    ]
+    x, b = summary.xengine, summary.best_single
+    if x is None:
+        out.append("xengine: not run")
+    elif b is None:
+        out.append("xengine gain: - (no single-device schedule fits the total memory)")
+    elif summary.gain is None:
+        out.append(f"xengine gain: - (xengine {x.status}, no schedule within the budgets)")
+    else:
+        line = (
+            f"xengine gain over the fastest single-device schedule ({b.label}): "
+            f"{_pct(summary.gain)} predicted ({x.predicted_time_s * 1e3:.2f} vs "
+            f"{b.predicted_time_s * 1e3:.2f} ms)"
+        )
+        if summary.measured_gain is not None:
+            line += (
+                f", {_pct(summary.measured_gain)} measured ({x.measured_time_s * 1e3:.2f} vs "
+                f"{b.measured_time_s * 1e3:.2f} ms)"
+            )
+        out.append(line)
+    out.append(
+        "infeasible alone with the total memory: "
+        + (", ".join(summary.infeasible_single) or "none")
+    )
+    return out
+
+
+def format_table(rows: Sequence[RunRow], title: str = "", footer: Sequence[str] = ()) -> str:
+    """A fixed-width text table, then ``footer`` lines, then one note line per row that has
+    a note."""
     header = [h for h, _ in COLUMNS]
     body = [[cell(r) for _, cell in COLUMNS] for r in rows]
     widths = [max(len(x) for x in col) for col in zip(header, *body, strict=True)]
@@ -85,6 +129,7 @@ def format_table(rows: Sequence[RunRow], title: str = "") -> str:
     out = [title] if title else []
     out += [line(header), "  ".join("-" * w for w in widths)]
     out += [line(b) for b in body]
+    out += list(footer)
     notes = [f"  {r.label}: {r.note}" for r in rows if r.note]
     if notes:
         out += ["notes:", *notes]

@@ -8,14 +8,21 @@ config key wins over the environment, which wins over the default.
 What a run holds:
 
 * params: the resolved config, flattened to dotted keys (``net.name``, ``solver.time_limit_s``);
+  ``run.py`` adds ``mem`` (the budgets as one text: ``70%`` or ``cpu2=1GB,cpu1=2GB``) and
+  ``devices`` (``cpu2+cpu1``) when the config holds them as groups of keys;
 * metrics: ``<strategy>/<quantity>_<unit>`` (``checkmate/predicted_time_ms``,
-  ``checkmate/measured_peak_mib``, ``checkmate/solve_time_s``, ``checkmate/gap``) and
-  ``graph/...``;
+  ``checkmate/measured_peak_mib``, ``checkmate/solve_time_s``, ``checkmate/gap``; with several
+  devices ``xengine/predicted_peak_mib.<device>``, ...), ``graph/...``, ``protocol/...``, and
+  with several devices ``xengine/gain_vs_best_single`` (a fraction, predicted) and
+  ``xengine/measured_gain_vs_best_single``;
 * tags (prefix ``xe.``): ``xe.status`` (ok | partial | error | skipped), one
   ``xe.status.<strategy>`` per row, ``xe.note.<strategy>`` for errors, ``xe.profile_source`` /
-  ``xe.profile_key`` / ``xe.profile_file`` for the profile used;
+  ``xe.profile_key`` / ``xe.profile_file`` for the profile used; with several devices
+  ``xe.best_single``, ``xe.infeasible_single`` (row labels, or ``none``), ``xe.warm_start``;
 * artifacts: ``config.yaml`` (composed config), ``hydra/`` (Hydra's own record of the job),
-  ``schedules/<strategy>.json``, ``table.csv``, ``profile.json``, the job's log file.
+  ``schedules/<strategy>.json``, ``figures/<strategy>_memory.png`` and
+  ``figures/<strategy>_R.png`` (:mod:`xengine.plots`), ``table.csv``, ``profile.json``, the
+  job's log file.
 
 This module and ``run.py`` are the only ones that know Hydra/OmegaConf.
 """
@@ -222,3 +229,7 @@ class MlflowTracker:
 
     def dir_artifacts(self, path: str | Path, artifact_path: str | None = None) -> None:
         self.client.log_artifacts(self.run_id, str(path), artifact_path)
+
+    def figure(self, fig: Any, artifact_file: str) -> None:
+        """A matplotlib figure as a PNG (the caller closes it)."""
+        self.client.log_figure(self.run_id, fig, artifact_file)

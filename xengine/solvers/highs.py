@@ -41,6 +41,7 @@ def solve_highs(
     options: SolverOptions,
     warm_start: np.ndarray | None = None,
     progress: ProgressFn | None = None,
+    _presolve: bool = True,
 ) -> SolveResult:
     global _THREADS_SET
     try:
@@ -67,6 +68,8 @@ def solve_highs(
         h.setOptionValue("time_limit", float(options.time_limit_s))
     h.setOptionValue("mip_rel_gap", float(options.rel_gap))
     h.setOptionValue("random_seed", int(options.seed))
+    if not _presolve:
+        h.setOptionValue("presolve", "off")
 
     lp = highspy.HighsLp()
     lp.num_col_ = model.n_vars
@@ -121,19 +124,27 @@ def solve_highs(
     has_sol = info.primal_solution_status == highspy.SolutionStatus.kSolutionStatusFeasible
     x = np.array(h.getSolution().col_value) if has_sol else None
     obj = float(info.objective_function_value) if has_sol else None
+    start_only = False
     if x is not None and warm_start is not None and not np.isclose(
         model.objective(x), obj, rtol=1e-7, atol=1e-9
     ):
         # HiGHS 1.16 can report the optimum found after presolve yet hand back the MIP
         # start's values (seen on small Checkmate models); the start is dropped and the
         # model solved again, so the schedule returned is the one the objective describes.
+        # Solving again with presolve off keeps the start as incumbent (a cold solve may
+        # find nothing in the time left) and returns solutions that match their objective.
         log.warning(
             "HiGHS returned its MIP start (objective %.9g) while reporting %.9g; solving again "
-            "without the start",
+            "with presolve off",
             model.objective(x),
             obj,
         )
-        return solve_highs(model, options, warm_start=None, progress=progress)
+        if _presolve:
+            return solve_highs(model, options, warm_start, progress, _presolve=False)
+        # still inconsistent: keep the start, which is a real feasible point, at its true cost,
+        # and do not call it optimal
+        obj = model.objective(x)
+        start_only = True
     is_mip = model.n_integer > 0 and not options.relax
     bound = float(info.mip_dual_bound) if is_mip else obj
     if ms == S.kOptimal:
@@ -144,6 +155,8 @@ def solve_highs(
         status = "feasible" if x is not None else "no_solution"
     else:
         status = "error"
+    if start_only and status == "optimal":
+        status = "feasible"
     if is_mip and bound is not None and not np.isfinite(bound):
         bound = None
     return SolveResult(

@@ -1,0 +1,304 @@
+"""Resumable sweeps on MLflow (DESIGN.md section 9).
+
+A sweep point is identified by the *fingerprint* of its resolved config: the config with the
+keys that do not change the result (where outputs go, how chatty the console is, the tracking
+store itself) removed, serialised with sorted keys and hashed. ``run.py`` tags every run with
+``xe.fingerprint`` and, before doing any work, asks :func:`find_finished_run` whether a run
+with the same fingerprint already finished; if so the point is skipped (unless ``redo=true``).
+
+All points of one Hydra multirun hang under one *parent run* (:func:`parent_run_for_sweep`),
+keyed by the sweep id (the sweep's output folder): children are created with the tag
+``mlflow.parentRunId`` and the MLflow UI groups them under it. :class:`SweepCallback`
+(``hydra.callbacks``) creates the store, the experiment and the parent run in the launching
+process before any job starts - which also keeps parallel jobs (submitit, joblib) from racing
+on a fresh SQLite store's schema migration - and closes the parent with a summary when the
+sweep ends.
+
+Library functions take an :class:`mlflow.MlflowClient`; only :class:`SweepCallback` reads a
+Hydra config.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+FINGERPRINT_TAG = "xe.fingerprint"
+SWEEP_ID_TAG = "xe.sweep_id"
+ROLE_TAG = "xe.role"
+PARENT_TAG = "mlflow.parentRunId"  # MLflow's own tag for nested runs (UI grouping)
+
+VOLATILE_KEYS: tuple[str, ...] = (
+    "hydra",
+    "results_dir",
+    "log_level",
+    "tracking",
+    "redo",
+    "profile.cache_dir",
+    "profile.progress",
+)
+"""Dotted keys (a key drops its whole subtree) that never change what a run computes."""
+
+BAD_STATUSES = frozenset({"error", "killed"})
+"""``xe.status`` values of runs that must be redone even when MLflow says FINISHED."""
+
+
+# ------------------------------------------------------------------------------ fingerprint
+def _drop(node: Any, path: tuple[str, ...]) -> None:
+    if not isinstance(node, dict) or not path:
+        return
+    head, *rest = path
+    if not rest:
+        node.pop(head, None)
+    else:
+        _drop(node.get(head), tuple(rest))
+
+
+def _plain(node: Any) -> Any:
+    """Dicts and lists of JSON scalars, with tuples as lists and other objects as strings."""
+    if isinstance(node, Mapping):
+        return {str(k): _plain(v) for k, v in node.items()}
+    if isinstance(node, (list, tuple)):
+        return [_plain(v) for v in node]
+    if node is None or isinstance(node, (bool, int, float, str)):
+        return node
+    return str(node)
+
+
+def config_fingerprint(
+    resolved_cfg: Mapping[str, Any], volatile: Iterable[str] = VOLATILE_KEYS
+) -> str:
+    """A stable 16-hex-digit hash of ``resolved_cfg`` without the ``volatile`` dotted keys.
+
+    ``resolved_cfg`` is the plain resolved config
+    (``OmegaConf.to_container(cfg, resolve=True)``). Key order does not matter; values do,
+    including their types (``1`` and ``"1"`` differ).
+
+    :param resolved_cfg: nested mapping of the resolved config.
+    :param volatile: dotted keys to leave out (a key drops its whole subtree).
+    :return: the fingerprint, e.g. ``"3f2a9c0d1b7e4a55"``.
+    """
+    data = _plain(resolved_cfg)
+    for key in volatile:
+        _drop(data, tuple(key.split(".")))
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# ------------------------------------------------------------------------------ store helpers
+def _experiment_id(client: Any, experiment: str, create: bool = False) -> str | None:
+    """The id of the experiment named ``experiment`` (or with that id); created on request."""
+    from mlflow.exceptions import MlflowException
+
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None and experiment.isdigit():
+        try:
+            exp = client.get_experiment(experiment)
+        except MlflowException:
+            exp = None
+    if exp is not None:
+        return exp.experiment_id
+    if not create:
+        return None
+    from xengine.tracking import artifact_location_for
+
+    uri = str(getattr(client, "tracking_uri", ""))
+    try:
+        return client.create_experiment(experiment, artifact_location=artifact_location_for(uri))
+    except MlflowException:  # created meanwhile by another process
+        return client.get_experiment_by_name(experiment).experiment_id
+
+
+def ensure_store(uri: str, experiment: str) -> str:
+    """Create the tracking store (schema migrations of a fresh SQLite file) and the
+    experiment if needed; return the experiment id. Run it once before parallel jobs start.
+    """
+    from pathlib import Path
+
+    from mlflow import MlflowClient
+
+    if uri.startswith("sqlite:///"):
+        Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+    return _experiment_id(MlflowClient(tracking_uri=uri), experiment, create=True)
+
+
+def _quote(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("'", "\\'")
+
+
+# ------------------------------------------------------------------------------ resuming
+def find_finished_run(client: Any, experiment: str, fingerprint: str) -> str | None:
+    """The newest run of ``experiment`` (name or id) that FINISHED with tag
+    ``xe.fingerprint == fingerprint`` and whose ``xe.status`` is not ``error``/``killed``.
+
+    :return: its run id, or None (also when the experiment does not exist yet).
+    """
+    exp_id = _experiment_id(client, experiment)
+    if exp_id is None:
+        return None
+    runs = client.search_runs(
+        [exp_id],
+        filter_string=(
+            f"tags.`{FINGERPRINT_TAG}` = '{_quote(fingerprint)}' and attributes.status = 'FINISHED'"
+        ),
+        order_by=["attributes.start_time DESC"],
+        max_results=50,
+    )
+    for run in runs:
+        if run.data.tags.get("xe.status", "") not in BAD_STATUSES:
+            return run.info.run_id
+    return None
+
+
+# ------------------------------------------------------------------------------ parent runs
+def _sweep_parents(client: Any, exp_id: str, sweep_id: str) -> list[Any]:
+    runs = client.search_runs(
+        [exp_id],
+        filter_string=(
+            f"tags.`{SWEEP_ID_TAG}` = '{_quote(sweep_id)}' and tags.`{ROLE_TAG}` = 'sweep'"
+        ),
+        max_results=100,
+    )
+    return sorted(runs, key=lambda r: (r.info.start_time, r.info.run_id))
+
+
+def parent_run_for_sweep(
+    client: Any,
+    experiment: str,
+    sweep_id: str,
+    *,
+    keep_open: bool = False,
+    run_name: str | None = None,
+) -> str:
+    """The parent run of the sweep ``sweep_id`` in ``experiment``: found, or created.
+
+    Children are started with the tag ``mlflow.parentRunId`` set to the returned id
+    (``MlflowTracker(..., tags={"mlflow.parentRunId": parent})``). A parent created here is
+    marked FINISHED at once unless ``keep_open`` (then :func:`finish_sweep` closes it; that
+    is what :class:`SweepCallback` does). Parallel callers converge on one parent: after
+    creating, a caller looks again and keeps the oldest; a duplicate it made is deleted.
+
+    :param client: an :class:`mlflow.MlflowClient`.
+    :param experiment: experiment name (or id); created when missing.
+    :param sweep_id: any string that names the sweep (``run.py`` uses the sweep folder).
+    :param keep_open: leave a newly created parent RUNNING.
+    :param run_name: name of a new parent (default ``sweep <last part of sweep_id>``).
+    :return: the parent's run id.
+    """
+    exp_id = _experiment_id(client, experiment, create=True)
+    found = _sweep_parents(client, exp_id, sweep_id)
+    if found:
+        return found[0].info.run_id
+    name = run_name or "sweep " + "/".join(sweep_id.rstrip("/").split("/")[-2:])
+    tags = {SWEEP_ID_TAG: sweep_id, ROLE_TAG: "sweep", "xe.task": "sweep"}
+    run = client.create_run(exp_id, run_name=name, tags=tags)
+    mine = run.info.run_id
+    found = _sweep_parents(client, exp_id, sweep_id)
+    chosen = found[0].info.run_id if found else mine
+    if chosen != mine:
+        log.info("sweep %s: parent %s made by another job; deleting %s", sweep_id, chosen, mine)
+        client.delete_run(mine)
+        return chosen
+    if not keep_open:
+        client.set_terminated(mine, "FINISHED")
+    log.info("sweep %s: parent run %s", sweep_id, mine)
+    return mine
+
+
+def sweep_children(client: Any, parent_run_id: str) -> list[Any]:
+    """Runs whose ``mlflow.parentRunId`` is ``parent_run_id``."""
+    parent = client.get_run(parent_run_id)
+    return client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.`{PARENT_TAG}` = '{_quote(parent_run_id)}'",
+        max_results=50000,
+    )
+
+
+def finish_sweep(client: Any, parent_run_id: str) -> dict[str, int]:
+    """Tag the parent with counts of its children by ``xe.status`` (``xe.n_runs``,
+    ``xe.n_ok``, ``xe.n_error``, ...) and mark it FINISHED; return the counts."""
+    children = sweep_children(client, parent_run_id)
+    counts = Counter(r.data.tags.get("xe.status", r.info.status.lower()) for r in children)
+    summary = {"n_runs": sum(counts.values()), **{f"n_{k}": v for k, v in counts.items()}}
+    for k, v in summary.items():
+        client.set_tag(parent_run_id, f"xe.{k}", str(v))
+    client.set_terminated(parent_run_id, "FINISHED", end_time=int(time.time() * 1000))
+    return summary
+
+
+# ------------------------------------------------------------------------------ Hydra hook
+try:
+    from hydra.experimental.callback import Callback as _Callback
+except ImportError:  # pragma: no cover - hydra is a dependency
+    _Callback = object  # type: ignore[assignment,misc]
+
+
+def sweep_id_of(hydra_cfg: Any) -> str:
+    """The id a sweep's parent run carries: the sweep's output folder."""
+    return str(hydra_cfg.sweep.dir)
+
+
+class SweepCallback(_Callback):
+    """``hydra.callbacks.sweep._target_=xengine.sweep.SweepCallback``.
+
+    On multirun start (in the launching process, before any job): create the store, the
+    experiment and the sweep's parent run. On multirun end: close the parent with a summary.
+    Does nothing when ``tracking.enabled`` is false.
+    """
+
+    def __init__(self) -> None:
+        self._uri: str | None = None
+        self._parent: str | None = None
+
+    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        from mlflow import MlflowClient
+
+        from xengine.tracking import resolve_tracking_uri
+
+        if not config.tracking.enabled:
+            return
+        self._uri = resolve_tracking_uri(config.tracking.uri, config.results_dir)
+        experiment = str(config.tracking.experiment)
+        try:
+            ensure_store(self._uri, experiment)
+            client = MlflowClient(tracking_uri=self._uri)
+            self._parent = parent_run_for_sweep(
+                client, experiment, sweep_id_of(config.hydra), keep_open=True
+            )
+        except Exception as exc:  # tracking trouble must not stop the sweep
+            log.warning("could not create the sweep's parent run: %s", exc)
+
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        if self._parent is None or self._uri is None:
+            return
+        from mlflow import MlflowClient
+
+        try:
+            summary = finish_sweep(MlflowClient(tracking_uri=self._uri), self._parent)
+            log.info("sweep parent run %s: %s", self._parent, summary)
+        except Exception as exc:
+            log.warning("could not close the sweep's parent run %s: %s", self._parent, exc)
+
+
+__all__ = [
+    "FINGERPRINT_TAG",
+    "PARENT_TAG",
+    "SWEEP_ID_TAG",
+    "VOLATILE_KEYS",
+    "SweepCallback",
+    "config_fingerprint",
+    "ensure_store",
+    "find_finished_run",
+    "finish_sweep",
+    "parent_run_for_sweep",
+    "sweep_children",
+    "sweep_id_of",
+]
