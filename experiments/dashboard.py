@@ -66,7 +66,8 @@ def start(uri: str, port: int, host: str = HOST) -> subprocess.Popen:
         Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
     cmd = server_command(uri, port, host)
     log.info("starting: %s", " ".join(cmd))
-    return subprocess.Popen(cmd, env=server_env(), start_new_session=True)
+    # the server's own output goes to stderr: stdout carries only the URL line
+    return subprocess.Popen(cmd, env=server_env(), start_new_session=True, stdout=sys.stderr)
 
 
 def wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float = 60.0) -> bool:

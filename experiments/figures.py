@@ -32,6 +32,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import re
 import sys
 import tempfile
@@ -40,7 +41,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+# artifact downloads would draw progress bars; a net captured again would let kineto talk
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+
+import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -227,6 +232,22 @@ def _color(key: str, keys: Sequence[str]) -> str:
     return COLORS[list(keys).index(key) % len(COLORS)]
 
 
+LINESTYLES = ("-", "--", ":", "-.")
+MARKERS = ("o", "s", "^", "D", "v")
+
+
+def _style(label: str, devices: Sequence[str]) -> dict[str, Any]:
+    """Colour by strategy (the same in every figure), line style and marker by device."""
+    base, _, dev = label.partition(".")
+    rank = STRATEGY_ORDER.index(base) if base in STRATEGY_ORDER else len(STRATEGY_ORDER)
+    k = list(devices).index(dev) if dev in devices else 0
+    return {
+        "color": COLORS[rank % len(COLORS)],
+        "ls": LINESTYLES[k % len(LINESTYLES)],
+        "marker": MARKERS[k % len(MARKERS)],
+    }
+
+
 # ------------------------------------------------------------------------------ runtime bars
 def _best_alone(run: RunRecord, device: str) -> str | None:
     """``checkmate.<device>`` when it fits, else the fastest fitting strategy on ``device``."""
@@ -244,9 +265,7 @@ def runtime_bars(runs: list[RunRecord], out: Path) -> Outcome:
     """Step time of each device alone against XEngine, per multi-device configuration."""
     name = "runtime_bars"
     multi = [
-        r
-        for r in runs_for(runs, "main_table")
-        if "xengine" in r.labels and len(r.devices) > 1 and r.metric("xengine", "predicted_time_ms")
+        r for r in runs_for(runs, "main_table") if "xengine" in r.labels and len(r.devices) > 1
     ]
     if not multi:
         return _skip(name, "no multi-device run with XEngine (run experiment=main_table)")
@@ -286,7 +305,16 @@ def runtime_bars(runs: list[RunRecord], out: Path) -> Outcome:
         color = COLORS[3] if is_x else COLORS[row["slot"] % 3]
         pred, meas = row["predicted_time_ms"], row["measured_time_ms"]
         if pd.isna(pred) and pd.isna(meas):
-            ax.text(x0, 0, "does not fit", rotation=90, ha="center", va="bottom", fontsize=7)
+            ax.text(
+                x0,
+                0.02,
+                f"{row['bar']}: does not fit",
+                rotation=90,
+                ha="center",
+                va="bottom",
+                fontsize=7,
+                transform=ax.get_xaxis_transform(),
+            )
             continue
         if not pd.isna(pred):
             ax.bar(x0 - bar_w / 4, pred, bar_w / 2, color=color, alpha=0.45, hatch="//")
@@ -305,6 +333,7 @@ def runtime_bars(runs: list[RunRecord], out: Path) -> Outcome:
         )
     if values and max(values) / max(min(values), 1e-9) > 50:
         ax.set_yscale("log")
+    ax.margins(y=0.18)
     ax.set_xticks(range(len(configs)), configs, fontsize=8)
     ax.set_ylabel("step time (ms)")
     ax.set_title("Step time: each device alone (Checkmate, total memory) vs XEngine")
@@ -485,12 +514,23 @@ def memory_traces(
     return traces, notes
 
 
-def _memory_runs(runs: list[RunRecord], max_runs: int) -> list[RunRecord]:
-    tagged = [r for r in runs if r.experiment_choice == "memory_teaser"]
+def _memory_labels(run: RunRecord, most: int = 4) -> list[str]:
+    """XEngine and Checkmate (the teaser's comparison), else the schedules that fit."""
+    labels = [lab for lab in run.labels if lab != "pytorch"]
+    fitting = [lab for lab in labels if run.fits(lab)] or labels
+    first = [lab for lab in fitting if lab.split(".", 1)[0] in ("xengine", "checkmate")]
+    return (first or fitting)[:most]
+
+
+def _memory_candidates(runs: list[RunRecord]) -> list[RunRecord]:
+    """Runs of ``experiment=memory_teaser`` if any are tagged so; else multi-device XEngine
+    runs first, then the others; newest first."""
+    newest = list(reversed(runs))
+    tagged = [r for r in newest if r.experiment_choice == "memory_teaser"]
     if tagged:
-        return tagged[-max_runs:]
-    multi = [r for r in runs if "xengine" in r.labels and len(r.devices) > 1]
-    return (multi or runs)[-max_runs:]
+        return tagged
+    multi = [r for r in newest if "xengine" in r.labels and len(r.devices) > 1]
+    return multi + [r for r in newest if r not in multi]
 
 
 def memory_figures(
@@ -500,19 +540,21 @@ def memory_figures(
     max_runs: int = 4,
     recapture: bool = True,
 ) -> Outcome:
-    """One figure per chosen run: memory per device over the steps, a panel per schedule."""
+    """One figure per run (at most ``max_runs``): memory per device over the steps, a panel
+    per schedule."""
     name = "memory_per_device"
-    chosen = _memory_runs(runs, max_runs)
-    if not chosen:
+    candidates = _memory_candidates(runs)
+    if not candidates:
         return _skip(name, "no finished runs")
     outcome = Outcome(name)
+    made = 0
     with tempfile.TemporaryDirectory() as tmp:
         reader = ArtifactReader(client, Path(tmp))
         graphs = GraphSource(reader, recapture)
-        for run in chosen:
-            labels = [lab for lab in run.labels if lab != "pytorch"]
-            labels = [lab for lab in labels if run.fits(lab)] or labels
-            labels = labels[:4]
+        for run in candidates:
+            if made >= max_runs:
+                break
+            labels = _memory_labels(run)
             traces, notes = memory_traces(run, reader, graphs, labels)
             for n in notes:
                 _note(outcome, n)
@@ -520,6 +562,7 @@ def memory_figures(
                 _note(outcome, f"{run.short}: no memory trace for any schedule")
                 continue
             outcome.paths += _memory_figure(run, traces, out)
+            made += 1
     if not outcome.paths:
         outcome.skipped = "no run had a memory CSV, a graph or a net to replay its schedules"
         log.warning("%s: skipped: %s", name, outcome.skipped)
@@ -551,6 +594,7 @@ def _memory_figure(run: RunRecord, traces: list[MemoryTrace], out: Path) -> list
                 }
                 for s, v in enumerate(tr.mem_mib[d])
             ]
+        ax.set_ylim(bottom=0)
         ax.set_title(f"{tr.label} ({tr.source})", fontsize=9)
         ax.set_ylabel("memory (MiB)")
         ax.grid(alpha=0.3)
@@ -628,6 +672,22 @@ def overhead_vs_budget(runs: list[RunRecord], out: Path) -> Outcome:
     if not rows:
         return _skip(name, "no run has predicted times with budgets")
     data = pd.DataFrame(rows)
+    if not any(r.experiment_choice == "budget_sweep" for r in runs):
+        # untagged records: a panel is a sweep only where it has several budgets
+        n_budgets = data.groupby(["graph", "devices"])["budget_mib"].transform("nunique")
+        for g, d in sorted(
+            set(
+                zip(
+                    data.loc[n_budgets < 2, "graph"],
+                    data.loc[n_budgets < 2, "devices"],
+                    strict=True,
+                )
+            )
+        ):
+            _note(outcome, f"{g} on {d}: one budget only, no panel")
+        data = data[n_budgets >= 2]
+        if data.empty:
+            return _skip(name, "no graph was run at two budgets or more")
     # the keep-everything time of a graph does not depend on the budget: one per graph+device
     data = data.sort_values(["graph", "devices", "strategy", "budget_mib"]).reset_index(drop=True)
     data["overhead_prefix_min"] = float("nan")
@@ -642,17 +702,26 @@ def overhead_vs_budget(runs: list[RunRecord], out: Path) -> Outcome:
     fig, axes = plt.subplots(nrow, ncol, figsize=(5.2 * ncol, 3.8 * nrow), squeeze=False)
     for ax, (g, devs) in zip(axes.flat, panels, strict=False):
         sub = data[(data["graph"] == g) & (data["devices"] == devs) & data["fits"]]
+        devices = devs.split("+")
+        xmax = float(sub["budget_mib"].max()) if not sub.empty else 0.0
         for s in strategies:
             pts = sub[sub["strategy"] == s]
             if pts.empty:
                 continue
-            c = _color(s, strategies)
+            st = _style(s, devices)
             xs = list(pts["budget_mib"])
             ys = list(pts["overhead_prefix_min"])
             # extend the last step to the panel's largest budget: more memory cannot hurt
-            xmax = float(sub["budget_mib"].max())
-            ax.step(xs + [xmax], ys + [ys[-1]], where="post", color=c, lw=1.6, label=s)
-            ax.plot(pts["budget_mib"], pts["overhead"], "o", color=c, ms=3.5, alpha=0.7)
+            ax.step(
+                xs + [xmax],
+                ys + [ys[-1]],
+                where="post",
+                color=st["color"],
+                ls=st["ls"],
+                lw=1.6,
+                label=s,
+            )
+            ax.plot(xs, pts["overhead"], st["marker"], color=st["color"], ms=4, alpha=0.7)
         ax.axhline(1.0, color="0.5", lw=0.8, ls=":")
         ax.set_title(f"{g} on {devs}", fontsize=9)
         ax.set_xlabel("activation budget (MiB)")
@@ -797,11 +866,12 @@ def predicted_vs_measured(runs: list[RunRecord], out: Path) -> Outcome:
         for s in strategies:
             pts = sub[sub["strategy"] == s]
             if not pts.empty:
+                st = _style(s, ())
                 ax.plot(
                     pts["predicted"],
                     pts["measured"],
                     "o",
-                    color=_color(s, strategies),
+                    color=st["color"],
                     ms=5,
                     alpha=0.8,
                     label=s,
@@ -809,6 +879,10 @@ def predicted_vs_measured(runs: list[RunRecord], out: Path) -> Outcome:
         lo = float(min(sub["predicted"].min(), sub["measured"].min()))
         hi = float(max(sub["predicted"].max(), sub["measured"].max()))
         pad = (hi - lo) * 0.05 or max(hi, 1e-9) * 0.05
+        if lo > 0 and hi / lo > 30:  # values over decades: log axes
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            lo, hi, pad = lo / 1.3, hi * 1.3, 0.0
         ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], "k--", lw=0.8, label="y = x")
         med = float(sub["rel_error"].abs().median()) * 100
         ax.set_title(f"{title}: median |error| {med:.1f} % ({len(sub)} points)", fontsize=10)

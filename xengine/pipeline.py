@@ -30,6 +30,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
+
 from xengine.graph.types import Edge, Graph, GraphError
 from xengine.problem import Instance
 from xengine.result import StrategyResult
@@ -655,57 +657,117 @@ def _fits(res: StrategyResult | None) -> bool:
 def _warm_start(
     inst: Instance, alone: list[StrategyResult], cfg: RunConfig, tracker: Tracker, min_budget: int
 ) -> Schedule | None:
-    """XEngine's warm start: the fastest single-device schedule that also fits the per-device
-    budgets of ``inst``. First among those solved with the total memory (the rule of
-    ``xengine.compare.compare``); when none fits, Checkmate and the heuristics are run on each
-    device alone with that device's own budget (DESIGN.md section 6: every such schedule is a
-    feasible point of XEngine's model, so its optimum is never worse than theirs). Those
-    Checkmate solves get a quarter of the time limit and stop at a 5 % gap: a warm start needs
-    a good schedule, not a proof."""
+    """XEngine's warm start: the fastest valid schedule on ``inst``'s devices, within the
+    per-device budgets, found among
 
-    def first_fitting(cands: list[StrategyResult], how: str) -> Schedule | None:
-        for cand in sorted((c for c in cands if _fits(c)), key=lambda r: r.sim.time_s):
-            embedded = cand.schedule.on_devices(inst.devices)
-            if simulate(inst, embedded, check_budget=False).within_budget:
-                what = f"{cand.strategy} on {cand.devices[0]} ({how})"
-                log.info("xengine: warm start from %s, %.4g s", what, cand.sim.time_s)
-                tracker.tags({"xe.warm_start": what})
-                return embedded
-        return None
-
-    warm = first_fitting(alone, "total memory")
-    if warm is not None or inst.n_devices == 1:
-        return warm
+    1. the single-device schedules solved with the total memory, each on its device (the rule
+       of ``xengine.compare.compare``);
+    2. the same schedules split over two devices (:func:`_split_schedules`): what the paper's
+       gain comes from, and what the solver may not find by itself within its time limit on
+       a large model;
+    3. only when 1 and 2 give nothing: Checkmate and the heuristics on each device alone with
+       that device's own budget (DESIGN.md section 6: each is a feasible point of XEngine's
+       model). Those Checkmate solves get a quarter of the time limit and stop at a 5 % gap:
+       a warm start needs a good schedule, not a proof.
+    """
     t0 = time.perf_counter()
-    extra = []
-    opts = cfg.solver_options
-    opts = replace(
-        opts,
-        time_limit_s=None if opts.time_limit_s is None else opts.time_limit_s / 4,
-        rel_gap=max(opts.rel_gap, 0.05),
-    )
-    for d in range(inst.n_devices):
-        if inst.budget_bytes[d] < min_budget:  # no schedule fits this device alone
-            continue
-        sub = inst.only_device(d, inst.budget_bytes[d])
-        for name in ("checkmate", "checkpoint_all", "chen_sqrtn", "chen_greedy"):
-            kwargs: dict[str, Any] = {}
-            if STRATEGIES[name].uses_solver:
-                kwargs.update(solver=cfg.solver, options=opts)
-            log.info("warm start: %s on %s alone, %s", name, sub.devices[0], _budget_list(sub))
-            try:
-                res = _load(STRATEGIES[name].target)(sub, **kwargs)
-                if res.schedule is not None and res.sim is None:
-                    res.sim = simulate(sub, res.schedule, check_budget=False)
-                extra.append(res)
-            except Exception as exc:  # a warm start is optional
-                log.info("warm start candidate %s failed: %s", name, exc)
+    fitting = sorted((r for r in alone if _fits(r)), key=lambda r: r.sim.time_s)
+    cands: list[tuple[float, str, Schedule]] = []
+    for res in fitting:
+        _add_candidate(inst, res.schedule.on_devices(inst.devices), _what(res, "total"), cands)
+    if inst.n_devices > 1:
+        for res in fitting[:3]:
+            for what, sched in _split_schedules(inst, res.schedule):
+                _add_candidate(inst, sched, f"{_what(res, 'total')}, {what}", cands)
+    if not cands and inst.n_devices > 1:
+        opts = cfg.solver_options
+        opts = replace(
+            opts,
+            time_limit_s=None if opts.time_limit_s is None else opts.time_limit_s / 4,
+            rel_gap=max(opts.rel_gap, 0.05),
+        )
+        for d in range(inst.n_devices):
+            if inst.budget_bytes[d] < min_budget:  # no schedule fits this device alone
+                continue
+            sub = inst.only_device(d, inst.budget_bytes[d])
+            for name in ("checkmate", "checkpoint_all", "chen_sqrtn", "chen_greedy"):
+                kwargs: dict[str, Any] = {}
+                if STRATEGIES[name].uses_solver:
+                    kwargs.update(solver=cfg.solver, options=opts)
+                log.info("warm start: %s on %s alone, %s", name, sub.devices[0], _budget_list(sub))
+                try:
+                    res = _load(STRATEGIES[name].target)(sub, **kwargs)
+                except Exception as exc:  # a warm start is optional
+                    log.info("warm start candidate %s failed: %s", name, exc)
+                    continue
+                if res.schedule is not None:
+                    what = _what(res, "own budget")
+                    _add_candidate(inst, res.schedule.on_devices(inst.devices), what, cands)
     tracker.metrics({"xengine/warm_start_time_s": time.perf_counter() - t0})
-    warm = first_fitting(extra, "its own budget")
-    if warm is None:
-        log.info("xengine: no single-device schedule fits the per-device budgets; cold start")
+    if not cands:
+        log.info("xengine: no schedule found that fits the per-device budgets; cold start")
         tracker.tags({"xe.warm_start": "none"})
-    return warm
+        return None
+    t, what, sched = min(cands, key=lambda c: c[0])
+    log.info("xengine: warm start from %s, predicted %.4g s", what, t)
+    tracker.tags({"xe.warm_start": what})
+    return sched
+
+
+def _what(res: StrategyResult, memory: str) -> str:
+    return f"{res.strategy} on {res.devices[0]} ({memory} memory)"
+
+
+def _add_candidate(
+    inst: Instance, sched: Schedule, what: str, cands: list[tuple[float, str, Schedule]]
+) -> None:
+    try:
+        sim = simulate(inst, sched, check_budget=False)
+    except ScheduleError:
+        return
+    if sim.within_budget:
+        cands.append((float(sim.time_s), what, sched))
+
+
+def _split_schedules(
+    inst: Instance, single: Schedule, n_points: int = 16
+) -> list[tuple[str, Schedule]]:
+    """``single`` (one device) spread over two devices of ``inst``: the forward nodes before
+    a split point, and their backward twins, run on one device, the rest on another; every
+    computation of a node stays on that node's device, and a backward node that reads a
+    forward node's autograd state (a non-copyable edge) runs where that node does. The
+    simulator copies what crosses over. A few split points and both orders are returned."""
+    g = inst.graph
+    fwd = [i for i, v in enumerate(g.nodes) if v.kind == "fwd"]
+    if len(fwd) < 2:
+        return []
+    points = sorted(set(np.linspace(1, len(fwd) - 1, n_points).round().astype(int).tolist()))
+    R1, S1 = single.R.any(axis=0), single.S.any(axis=0)  # (T, n) on the one device
+    out = []
+    for a in range(inst.n_devices):
+        for b in range(inst.n_devices):
+            if a == b:
+                continue
+            for k in points:
+                first = set(fwd[:k])
+                dev = np.full(g.size, a)
+                for i, v in enumerate(g.nodes):
+                    if i in first:
+                        dev[i] = b
+                    elif v.kind == "bwd":
+                        twin = v.fwd_index
+                        dev[i] = dev[twin] if twin is not None and twin in first else a
+                for e in sorted(g.edges, key=lambda e: e.dst):  # autograd state cannot move
+                    if not e.copyable and dev[e.dst] != dev[e.src]:
+                        dev[e.dst] = dev[e.src]
+                R = np.zeros((inst.n_devices, *R1.shape), dtype=bool)
+                S = np.zeros_like(R)
+                cols = np.arange(g.size)
+                R[dev[cols], :, cols] = R1[:, cols].T
+                S[dev[cols], :, cols] = S1[:, cols].T
+                what = f"split: {k} forward nodes on {inst.devices[b]}"
+                out.append((what, Schedule(inst.devices, R, S)))
+    return out
 
 
 @dataclass
@@ -809,25 +871,14 @@ def _read_profile(path: str, devices: tuple[str, ...], cfg: RunConfig | None = N
     """The profile file a user brought (``profile.path``); a malformed file, one measured for
     another net, batch size, image size or mode, or one without times for a configured device
     or copy models between them, is a :class:`ConfigError` naming the file and the field."""
+    if cfg is not None:
+        _check_profile_key(path, cfg)
     from xengine.profile.profiler import Profile, ProfileError
 
     try:
         profile = Profile.load(Path(path))
     except ProfileError as exc:
         raise ConfigError(str(exc)) from None
-    if cfg is not None:
-        for fld, ours, what in (
-            ("net", cfg.net, "net.name"),
-            ("batch_size", cfg.batch_size, "net.batch_size"),
-            ("image_size", cfg.image_size, "net.image_size"),
-            ("mode", cfg.mode, "mode"),
-        ):
-            theirs = profile.key.get(fld)
-            if theirs is not None and theirs != ours:
-                raise ConfigError(
-                    f"{path}: field 'key.{fld}' is {theirs!r} but this run has {what}={ours}: "
-                    f"the profile was measured for another {fld.replace('_', ' ')}"
-                )
     missing = [d for d in devices if d not in profile.compute_s]
     if missing:
         raise ConfigError(
@@ -842,6 +893,32 @@ def _read_profile(path: str, devices: tuple[str, ...], cfg: RunConfig | None = N
             "devices together (devices=...) to measure it"
         )
     return profile
+
+
+def _check_profile_key(path: str, cfg: RunConfig) -> None:
+    """A profile measured for another net, batch size, image size or mode is an error; read
+    from the file's ``key`` as plain JSON, before anything heavy is imported (a malformed file
+    is left to :meth:`Profile.load`, which names the field)."""
+    import json
+
+    try:
+        key = json.loads(Path(path).read_text(encoding="utf-8")).get("key")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return
+    if not isinstance(key, dict):
+        return
+    for fld, ours, what in (
+        ("net", cfg.net, "net.name"),
+        ("batch_size", cfg.batch_size, "net.batch_size"),
+        ("image_size", cfg.image_size, "net.image_size"),
+        ("mode", cfg.mode, "mode"),
+    ):
+        theirs = key.get(fld)
+        if theirs is not None and theirs != ours:
+            raise ConfigError(
+                f"{path}: field 'key.{fld}' is {theirs!r} but this run has {what}={ours}: "
+                f"the profile was measured for another {fld.replace('_', ' ')}"
+            )
 
 
 def _apply_read_profile(profile: Any, graph: Graph) -> Graph:

@@ -250,8 +250,9 @@ class SweepCallback(_Callback):
     """``hydra.callbacks.sweep._target_=xengine.sweep.SweepCallback``.
 
     On multirun start (in the launching process, before any job): create the store, the
-    experiment and the sweep's parent run. On multirun end: close the parent with a summary.
-    Does nothing when ``tracking.enabled`` is false.
+    experiment and the sweep's parent run. On multirun end: close the parent with a summary
+    (delete it when it has no child: a resumed sweep whose points had all finished). Does
+    nothing when ``tracking.enabled`` is false.
     """
 
     def __init__(self) -> None:
@@ -282,8 +283,13 @@ class SweepCallback(_Callback):
         from mlflow import MlflowClient
 
         try:
-            summary = finish_sweep(MlflowClient(tracking_uri=self._uri), self._parent)
-            log.info("sweep parent run %s: %s", self._parent, summary)
+            client = MlflowClient(tracking_uri=self._uri)
+            summary = finish_sweep(client, self._parent)
+            if summary["n_runs"] == 0:  # every point had finished before: an empty parent
+                client.delete_run(self._parent)
+                log.info("sweep: every point had already finished; no parent run kept")
+            else:
+                log.info("sweep parent run %s: %s", self._parent, summary)
         except Exception as exc:
             log.warning("could not close the sweep's parent run %s: %s", self._parent, exc)
 
