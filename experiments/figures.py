@@ -510,6 +510,14 @@ def memory_traces(
             notes.append(f"{run.short} {label}: cannot replay the schedule: {exc}")
             continue
         mem = [(sim.mem_bytes[d] / MIB).tolist() for d in range(len(sched.devices))]
+        logged = run.metric(label, "predicted_peak_mib")
+        replayed = max(max(m) for m in mem)
+        if logged is not None and abs(replayed - logged) > 0.005 * max(logged, 1e-9):
+            notes.append(
+                f"{run.short} {label}: replayed peak {replayed:.3f} MiB is not the logged "
+                f"{logged:.3f} MiB (the graph is not the run's: {how}); left out"
+            )
+            continue
         traces.append(MemoryTrace(label, list(sched.devices), mem, budgets, f"replayed ({how})"))
     return traces, notes
 

@@ -171,7 +171,7 @@ def test_parallel_callers_converge_on_one_parent(uri):
         except Exception as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=call) for _ in range(4)]
+    threads = [threading.Thread(target=call) for _ in range(8)]
     for t in threads:
         t.start()
     for t in threads:

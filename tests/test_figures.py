@@ -23,6 +23,7 @@ from xengine.graph.io import save_graph
 from xengine.graph.synthetic import chain
 from xengine.problem import Instance
 from xengine.schedule import keep_all_schedule
+from xengine.simulate import simulate
 
 REPO = Path(__file__).resolve().parents[1]
 MIB = 2**20
@@ -156,14 +157,16 @@ def _budget_sweep(client, exp_id, solver="highs"):
     return ids
 
 
-def _replay_run(client, exp_id, tmp_path):
-    """A solve-only run with a graph.json artifact and a schedule, no memory CSV."""
+def _replay_run(client, exp_id, tmp_path, logged_peak_off=0.0):
+    """A solve-only run with a graph.json artifact and a schedule, no memory CSV
+    (``logged_peak_off``: the logged peak disagrees with the graph by that many MiB)."""
     g = chain(4, bytes_per_layer=MIB, cost_s=1e-3)
     path = tmp_path / "chain4.json"
     save_graph(g, path)  # logged below as the run's graph.json
     sched = keep_all_schedule(Instance.single(g, "cpu", None))
     metrics = {"graph/num_nodes": g.size}
-    metrics |= _label_metrics("checkmate", 9.0, 8.0, 5.0, solve=0.1)
+    peak = simulate(Instance.single(g, "cpu", None), sched).peak_bytes[0] / MIB
+    metrics |= _label_metrics("checkmate", 9.0, 8.0, peak + logged_peak_off, solve=0.1)
     rid = _log(
         client,
         exp_id,
@@ -173,9 +176,9 @@ def _replay_run(client, exp_id, tmp_path):
         {"xe.status": "ok", "xe.status.checkmate": "optimal"},
         texts={"schedules/checkmate.json": json.dumps(sched.to_json())},
     )
-    (tmp_path / "g").mkdir()
-    shutil.copy(path, tmp_path / "g" / "graph.json")
-    client.log_artifact(rid, str(tmp_path / "g" / "graph.json"))
+    (tmp_path / rid).mkdir()
+    shutil.copy(path, tmp_path / rid / "graph.json")
+    client.log_artifact(rid, str(tmp_path / rid / "graph.json"))
     return rid
 
 
@@ -188,6 +191,7 @@ def store(uri, tmp_path):
         "no_fit": _multi_device_run(client, exp_id, xengine="infeasible"),
         "sweep": _budget_sweep(client, exp_id),
         "scip": _budget_sweep(client, exp_id, solver="scip"),
+        "replay_bad": _replay_run(client, exp_id, tmp_path, logged_peak_off=1.0),
         "replay": _replay_run(client, exp_id, tmp_path),
         "bare": _log(client, exp_id, "bare", _params(), {}, {"xe.status": "ok"}),
         "skipped": _log(client, exp_id, "skip", _params(), {}, {"xe.status": "skipped"}),
@@ -227,7 +231,7 @@ def test_every_figure_is_written_with_its_data(store, tmp_path):
     ok = bars[bars["run_id"] == ids["multi"]].reset_index()
     assert list(ok["bar"]) == ["cpu2 alone", "cpu1 alone", "XEngine"]
     assert list(ok["label"]) == ["checkmate.cpu2", "checkmate.cpu1", "xengine"]
-    assert ok.loc[2, "measured_time_ms"] == 27.0
+    assert float(ok.loc[2, "measured_time_ms"]) == 27.0
     no_fit = bars[bars["run_id"] == ids["no_fit"]].reset_index()
     assert list(no_fit["status"]) == ["optimal", "optimal", "does not fit"]
     assert no_fit.loc[2, "predicted_time_ms"] == ""
@@ -250,7 +254,8 @@ def test_every_figure_is_written_with_its_data(store, tmp_path):
     pvm = pd.read_csv(out / "predicted_vs_measured.csv")
     time_rows = pvm[pvm["quantity"] == "time_ms"]
     assert set(time_rows["label"]) == {"checkmate.cpu2", "checkmate.cpu1", "xengine"}
-    xe_peak = pvm[(pvm["quantity"] == "peak_mib") & (pvm["label"] == "xengine")]
+    multi = pvm["run_id"] == ids["multi"]
+    xe_peak = pvm[multi & (pvm["quantity"] == "peak_mib") & (pvm["label"] == "xengine")]
     assert sorted(xe_peak["device"]) == ["cpu1", "cpu2"]  # one point per device
 
     mem = pd.concat(
@@ -259,6 +264,10 @@ def test_every_figure_is_written_with_its_data(store, tmp_path):
     sources = dict(zip(mem["run_id"], mem["source"], strict=False))
     assert sources[ids["multi"]] == "memory CSV"
     assert sources[ids["replay"]] == "replayed (graph.json artifact)"
+    assert ids["replay_bad"] not in set(mem["run_id"])  # its graph is not the run's
+    bad = ids["replay_bad"][:8]
+    notes = by_name["memory_per_device"].notes
+    assert any(n.startswith(f"{bad} checkmate: replayed peak") for n in notes), notes
     xe = mem[(mem["run_id"] == ids["multi"]) & (mem["device"] == "cpu2")]
     assert xe["mem_mib"].round(3).tolist() == [0.0, 0.1, 0.2, 0.3, 0.4, 0.5]
     assert set(xe["budget_mib"]) == {0.5}

@@ -26,6 +26,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -129,6 +130,24 @@ def ensure_store(uri: str, experiment: str) -> str:
     return _experiment_id(MlflowClient(tracking_uri=uri), experiment, create=True)
 
 
+def _store_lock(client: Any) -> AbstractContextManager[Any]:
+    """A lock per SQLite store (a file in the temporary folder, named after the database), so
+    that jobs of a sweep that look for the parent at the same time make only one. A tracking
+    server gets no lock: there :class:`SweepCallback` makes the parent before the jobs start
+    (or the convergence rule of :func:`parent_run_for_sweep` applies)."""
+    uri = str(getattr(client, "tracking_uri", ""))
+    if not uri.startswith("sqlite:///"):
+        return nullcontext()
+    import tempfile
+    from pathlib import Path
+
+    from filelock import FileLock
+
+    db = str(Path(uri[len("sqlite:///") :]).resolve())
+    name = f"xe-sweep-{hashlib.sha256(db.encode()).hexdigest()[:16]}.lock"
+    return FileLock(str(Path(tempfile.gettempdir()) / name), timeout=120)
+
+
 def _quote(value: str) -> str:
     return value.replace("\\", "\\\\").replace("'", "\\'")
 
@@ -182,8 +201,10 @@ def parent_run_for_sweep(
     Children are started with the tag ``mlflow.parentRunId`` set to the returned id
     (``MlflowTracker(..., tags={"mlflow.parentRunId": parent})``). A parent created here is
     marked FINISHED at once unless ``keep_open`` (then :func:`finish_sweep` closes it; that
-    is what :class:`SweepCallback` does). Parallel callers converge on one parent: after
-    creating, a caller looks again and keeps the oldest; a duplicate it made is deleted.
+    is what :class:`SweepCallback` does). Parallel callers on a SQLite store make one parent
+    (a file lock beside the database); on a tracking server a caller that finds an older
+    parent after making its own deletes its own (best effort: a caller that looked before
+    the other one wrote may keep a second parent; :class:`SweepCallback` avoids the race).
 
     :param client: an :class:`mlflow.MlflowClient`.
     :param experiment: experiment name (or id); created when missing.
@@ -192,15 +213,15 @@ def parent_run_for_sweep(
     :param run_name: name of a new parent (default ``sweep <last part of sweep_id>``).
     :return: the parent's run id.
     """
-    exp_id = _experiment_id(client, experiment, create=True)
-    found = _sweep_parents(client, exp_id, sweep_id)
-    if found:
-        return found[0].info.run_id
-    name = run_name or "sweep " + "/".join(sweep_id.rstrip("/").split("/")[-2:])
-    tags = {SWEEP_ID_TAG: sweep_id, ROLE_TAG: "sweep", "xe.task": "sweep"}
-    run = client.create_run(exp_id, run_name=name, tags=tags)
-    mine = run.info.run_id
-    found = _sweep_parents(client, exp_id, sweep_id)
+    with _store_lock(client):
+        exp_id = _experiment_id(client, experiment, create=True)
+        found = _sweep_parents(client, exp_id, sweep_id)
+        if found:
+            return found[0].info.run_id
+        name = run_name or "sweep " + "/".join(sweep_id.rstrip("/").split("/")[-2:])
+        tags = {SWEEP_ID_TAG: sweep_id, ROLE_TAG: "sweep", "xe.task": "sweep"}
+        mine = client.create_run(exp_id, run_name=name, tags=tags).info.run_id
+        found = _sweep_parents(client, exp_id, sweep_id)
     chosen = found[0].info.run_id if found else mine
     if chosen != mine:
         log.info("sweep %s: parent %s made by another job; deleting %s", sweep_id, chosen, mine)
