@@ -123,7 +123,7 @@ def rewrite_argv(argv: list[str], conf: Path = CONF) -> list[str]:
             out.append(arg)
         elif bare == "mem" and (per_device_mem or "[" in value):
             out.append(f"mem.all={value}")
-        elif bare.startswith("mem.") and bare.count(".") == 1:
+        elif bare.startswith("mem.") and bare.count(".") == 1 and bare != "mem.all":
             # a Hydra key cannot hold ':': mem.cuda:1 is kept as mem.cuda_1 (see _mem)
             out.append(f"++{bare.replace(':', '_')}={value}")
         elif bare == "devices":
@@ -261,7 +261,49 @@ def _run_name(cfg: DictConfig) -> str:
     return f"{what}-{mem}-{devices}-{cfg.solver.name}"
 
 
-def _tracker(cfg: DictConfig, console_level: int = logging.WARNING) -> Tracker:
+def _fingerprint(cfg: DictConfig) -> str:
+    """What identifies this point of a sweep (tag ``xe.fingerprint``): the resolved config
+    less the keys that do not change the result (``xengine.sweep.VOLATILE_KEYS``)."""
+    from xengine.sweep import config_fingerprint
+
+    return config_fingerprint(OmegaConf.to_container(cfg, resolve=True))
+
+
+def _already_done(cfg: DictConfig, fingerprint: str) -> str | None:
+    """The id of a finished run with the same fingerprint (None with ``redo=true``)."""
+    if cfg.get("redo", False) or not cfg.tracking.enabled:
+        return None
+    from mlflow import MlflowClient
+
+    from xengine.sweep import find_finished_run
+    from xengine.tracking import resolve_tracking_uri
+
+    try:
+        client = MlflowClient(tracking_uri=resolve_tracking_uri(cfg.tracking.uri, cfg.results_dir))
+        return find_finished_run(client, str(cfg.tracking.experiment), fingerprint)
+    except Exception as exc:  # a store that cannot be read: run the point
+        log.warning("could not look for a finished run with this config: %s", exc)
+        return None
+
+
+def _sweep_parent(uri: str, experiment: str) -> str | None:
+    """The parent run of this multirun (made by ``xengine.sweep.SweepCallback``, or here)."""
+    from mlflow import MlflowClient
+
+    from xengine.sweep import parent_run_for_sweep, sweep_id_of
+
+    try:
+        return parent_run_for_sweep(
+            MlflowClient(tracking_uri=uri), experiment, sweep_id_of(HydraConfig.get())
+        )
+    except Exception as exc:  # the point still runs, without a parent
+        log.warning("could not find or make the sweep's parent run: %s", exc)
+        return None
+
+
+def _tracker(
+    cfg: DictConfig, console_level: int = logging.WARNING, fingerprint: str | None = None
+) -> Tracker:
     from xengine.tracking import MlflowTracker, resolve_tracking_uri
 
     if not cfg.tracking.enabled:
@@ -271,8 +313,15 @@ def _tracker(cfg: DictConfig, console_level: int = logging.WARNING) -> Tracker:
         Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
     hc = HydraConfig.get()
     tags = {"xe.task": "run", "xe.output_dir": hc.runtime.output_dir}
+    if fingerprint is not None:
+        tags["xe.fingerprint"] = fingerprint
+    if hc.runtime.choices.get("experiment"):
+        tags["xe.experiment"] = str(hc.runtime.choices.experiment)
     if hc.mode.name == "MULTIRUN":
         tags["xe.job_num"] = str(hc.job.num)
+        parent = _sweep_parent(uri, str(cfg.tracking.experiment))
+        if parent is not None:
+            tags["mlflow.parentRunId"] = parent  # MLflow's own tag: the UI nests the run
     return MlflowTracker(
         uri,
         str(cfg.tracking.experiment),
@@ -322,12 +371,30 @@ def _title(run_cfg: RunConfig, prepared: Prepared) -> str:
     return f"{what} ({prepared.graph.size} nodes), budget {budgets}"
 
 
+def _record_failure(cfg: DictConfig, console: int, fingerprint: str, exc: Exception) -> None:
+    """A point of a sweep that failed before its run was opened: a FAILED run carrying the
+    error (the tracker's exit records the status, ``xe.status=error`` and ``xe.error``)."""
+    try:
+        with _tracker(cfg, console, fingerprint) as tracker:
+            _start(tracker, cfg)
+            raise exc
+    except Exception as err:
+        if err is not exc:
+            log.warning("could not record the failure: %s", err)
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     from xengine.report import format_table, summary_lines, table_csv
 
     multirun = HydraConfig.get().mode.name == "MULTIRUN"
     console = logging.WARNING
+    fingerprint = _fingerprint(cfg)
+    if multirun:  # a sweep resumes: a point that already finished is not run again
+        done = _already_done(cfg, fingerprint)
+        if done is not None:
+            log.warning("skipped: run %s has this config and finished (redo=true runs it)", done)
+            return
     try:
         console = _level(cfg.log_level)
         _set_console_level(console)
@@ -337,20 +404,33 @@ def main(cfg: DictConfig) -> None:
         if not multirun:
             _fail(str(exc))
         log.error("skipped: %s", exc)  # a sweep records the point and goes on
-        with _tracker(cfg, console) as tracker:
+        with _tracker(cfg, console, fingerprint) as tracker:
             _start(tracker, cfg)
             tracker.tags({"xe.status": "skipped", "xe.error": str(exc)})
         return
+    except Exception as exc:  # unexpected: a sweep records the point as FAILED and goes on
+        if not multirun:
+            raise
+        log.error("failed: %s: %s", type(exc).__name__, exc, exc_info=True)
+        _record_failure(cfg, console, fingerprint, exc)
+        return
 
     _highs_banner_to_stderr()
-    with _tracker(cfg, console) as tracker:
-        _start(tracker, cfg)
-        try:
-            rows = run_pipeline(run_cfg, tracker, prepared)
-            tracker.tags({"xe.status": run_status(rows)})
-            tracker.text_artifact(table_csv(rows), "table.csv")
-        finally:
-            _job_files(tracker)
+    try:
+        with _tracker(cfg, console, fingerprint) as tracker:
+            _start(tracker, cfg)
+            try:
+                rows = run_pipeline(run_cfg, tracker, prepared)
+                tracker.tags({"xe.status": run_status(rows)})
+                tracker.text_artifact(table_csv(rows), "table.csv")
+            finally:
+                _job_files(tracker)
+    except Exception as exc:
+        if not multirun:
+            raise
+        # the tracker marked the run FAILED with xe.status=error and xe.error
+        log.error("failed: %s: %s", type(exc).__name__, exc, exc_info=True)
+        return
     footer = []
     if len(run_cfg.devices) > 1:
         footer = summary_lines(protocol_summary(rows), run_cfg.devices)

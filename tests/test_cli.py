@@ -333,6 +333,9 @@ class Recorder:
     def json_artifact(self, data, artifact_file):
         self.artifacts[artifact_file] = data
 
+    def text_artifact(self, text, artifact_file):
+        self.artifacts[artifact_file] = text
+
     def file_artifact(self, path, artifact_path=None):
         self.artifacts[Path(path).name] = Path(path).read_text()
 

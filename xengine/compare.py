@@ -60,7 +60,7 @@ def run_single_device(
     if strategy == "checkmate":
         return solve_checkmate(inst, solver=solver, options=options)
     if strategy == "lp_rounding":
-        return solve_lp_rounding(inst)
+        return solve_lp_rounding(inst, options=options)
     table = {
         "checkpoint_all": solve_checkpoint_all,
         "chen_sqrtn": solve_chen_sqrtn,

@@ -607,6 +607,7 @@ def run_pipeline(
             profile, profile_file, graph = _measure_profile(cfg, prep)
         _record_profile(profile, str(profile_file), tracker)
     inst = Instance(graph, cfg.devices, prep.budget_bytes)
+    _record_graph(tracker, inst)
 
     rows: list[RunRow] = []
     reference = None
@@ -1179,6 +1180,37 @@ def _record(tracker: Tracker, row: RunRow) -> None:
     tracker.tags(tags)
     if row.result is not None and row.result.schedule is not None:
         tracker.json_artifact(row.result.schedule.to_json(), f"schedules/{row.label}.json")
+    if row.result is not None and row.result.sim is not None:
+        tracker.text_artifact(memory_csv(row.result.sim, row.devices), f"memory/{row.label}.csv")
+
+
+def memory_csv(sim: Any, devices: tuple[str, ...]) -> str:
+    """The simulator's memory of every device at every step (``memory/<label>.csv``):
+    ``step,stage,node,<device>_bytes,...``; what ``experiments/figures.py`` plots."""
+    lines = ["step,stage,node," + ",".join(f"{d}_bytes" for d in devices)]
+    for k, (t, i) in enumerate(sim.steps):
+        mem = ",".join(str(int(sim.mem_bytes[d, k])) for d in range(len(devices)))
+        lines.append(f"{k},{t},{i},{mem}")
+    return "\n".join(lines) + "\n"
+
+
+def _record_graph(tracker: Tracker, inst: Instance) -> None:
+    """The graph with its costs (``graph.json``: a figure can replay any logged schedule)
+    and the keep-everything step time per device (the overhead figure's denominator):
+    ``graph/keep_all_time_ms``, with several devices ``graph/keep_all_time_ms.<device>``."""
+    from xengine.graph.io import graph_to_dict
+
+    tracker.json_artifact(graph_to_dict(inst.graph), "graph.json")
+    times = inst.compute_s.sum(axis=1)  # keep everything: each node once, no copies
+    if inst.n_devices == 1:
+        tracker.metrics({"graph/keep_all_time_ms": float(times[0]) * 1e3})
+    else:
+        tracker.metrics(
+            {
+                f"graph/keep_all_time_ms.{d}": float(t) * 1e3
+                for d, t in zip(inst.devices, times, strict=True)
+            }
+        )
 
 
 def run_status(rows: list[RunRow]) -> str:
