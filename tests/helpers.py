@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 
 from xengine.graph.synthetic import training_graph
@@ -34,4 +39,21 @@ def random_graph(seed: int, devices=("a", "b"), latency_s: float = 0.05) -> Grap
         {d: list(np.round(r.uniform(0.5, 2.0, nf), 3)) for d in devices},
         saves_input=bool(seed % 2),
         copy_models=copy_models(devices, latency_s=latency_s, bandwidth=1e6),
+    )
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_cli(tmp_path: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    cmd = [
+        sys.executable,
+        str(REPO / "run.py"),
+        f"results_dir={tmp_path / 'results'}",
+        f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
+        *args,
+    ]
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp_path, env=env
     )

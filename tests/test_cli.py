@@ -17,6 +17,7 @@ import pytest
 from mlflow import MlflowClient
 
 from baselines.checkmate import min_feasible_budget_bytes
+from tests.helpers import run_cli
 from xengine.graph.io import graph_to_dict, save_graph
 from xengine.graph.synthetic import chain
 from xengine.graph.types import CopyModel
@@ -56,38 +57,6 @@ def graph_file(tmp_path):
     path = tmp_path / "chain.json"
     save_graph(_chain_graph(), path)
     return path
-
-
-@pytest.fixture(scope="session")
-def empty_store(tmp_path_factory) -> Path:
-    """An initialised, empty MLflow SQLite store: creating one runs ~80 schema migrations
-    (seconds), so tests that record a run start from a copy of this one."""
-    from mlflow import MlflowClient
-
-    db = tmp_path_factory.mktemp("store") / "mlflow.db"
-    MlflowClient(f"sqlite:///{db}").search_experiments()
-    return db
-
-
-@pytest.fixture
-def store(tmp_path, empty_store) -> Path:
-    db = tmp_path / "mlflow.db"
-    shutil.copy(empty_store, db)
-    return db
-
-
-def run_cli(tmp_path: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    cmd = [
-        sys.executable,
-        str(REPO / "run.py"),
-        f"results_dir={tmp_path / 'results'}",
-        f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
-        *args,
-    ]
-    return subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp_path, env=env
-    )
 
 
 def _search_runs(tmp_path: Path):

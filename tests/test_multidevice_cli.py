@@ -9,8 +9,6 @@ bad-input case; the resnet18 run is marked ``slow``; the CUDA run needs a GPU.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +17,7 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
+from tests.helpers import run_cli
 from xengine.execute.executor import TOLERANCE_FRACTION, TOLERANCE_MIN_BYTES
 from xengine.pipeline import ConfigError, RunConfig, prepare, protocol_summary, run_pipeline
 from xengine.schedule import Schedule
@@ -34,36 +33,6 @@ try:
     import run as run_py  # noqa: E402  (run.py at the repository root)
 finally:
     sys.path.remove(str(REPO))
-
-
-@pytest.fixture(scope="module")
-def empty_store(tmp_path_factory) -> Path:
-    """An initialised, empty MLflow SQLite store: creating one runs ~80 schema migrations
-    (seconds), so runs that record start from a copy of this one."""
-    db = tmp_path_factory.mktemp("store") / "mlflow.db"
-    MlflowClient(f"sqlite:///{db}").search_experiments()
-    return db
-
-
-@pytest.fixture
-def store(tmp_path, empty_store) -> Path:
-    db = tmp_path / "mlflow.db"
-    shutil.copy(empty_store, db)
-    return db
-
-
-def run_cli(tmp_path: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    cmd = [
-        sys.executable,
-        str(REPO / "run.py"),
-        f"results_dir={tmp_path / 'results'}",
-        f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
-        *args,
-    ]
-    return subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp_path, env=env
-    )
 
 
 def _the_run(tmp_path: Path):
