@@ -125,8 +125,10 @@ def solve_highs(
     x = np.array(h.getSolution().col_value) if has_sol else None
     obj = float(info.objective_function_value) if has_sol else None
     start_only = False
-    if x is not None and warm_start is not None and not np.isclose(
-        model.objective(x), obj, rtol=1e-7, atol=1e-9
+    if (
+        x is not None
+        and warm_start is not None
+        and not np.isclose(model.objective(x), obj, rtol=1e-7, atol=1e-9)
     ):
         # HiGHS 1.16 can report the optimum found after presolve yet hand back the MIP
         # start's values (seen on small Checkmate models); the start is dropped and the
