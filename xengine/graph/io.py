@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from xengine.files import read_json
 from xengine.graph.types import NODE_KINDS, CopyModel, Edge, Graph, GraphError, Node
 
 FORMAT = "xengine-graph"
@@ -39,18 +40,7 @@ VERSION = 1
 def load_graph(path: str | Path) -> Graph:
     """Read a graph file; see the module docstring for the format."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise GraphError(f"{p}: graph file does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise GraphError(f"{p}: cannot read graph file: {exc}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise GraphError(
-            f"{p}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
-        ) from None
+    data = read_json(p, "graph", GraphError)
     return graph_from_dict(data, source=str(p), default_name=p.stem)
 
 

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from xengine.files import read_json
 from xengine.graph.capture import CapturedModel
 from xengine.graph.types import CopyModel, Graph
 
@@ -150,18 +151,7 @@ class Profile:
     @classmethod
     def load(cls, path: str | Path) -> Profile:
         p = Path(path)
-        try:
-            text = p.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ProfileError(f"{p}: profile file does not exist") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ProfileError(f"{p}: cannot read profile file: {exc}") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ProfileError(
-                f"{p}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
-            ) from None
+        data = read_json(p, "profile", ProfileError)
         return cls.from_json(data, p)
 
 
