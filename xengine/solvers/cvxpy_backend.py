@@ -261,16 +261,7 @@ def solve_cvxpy(
                 solve_time_s=elapsed,
                 message=f"cvxpy/{name} failed at the time limit ({tl:g} s): {exc}",
             )
-        return SolveResult(
-            solver=label,
-            status="error",
-            x=None,
-            objective=None,
-            best_bound=None,
-            gap=None,
-            solve_time_s=elapsed,
-            message=f"cvxpy/{name}: {exc}",
-        )
+        return SolveResult.failed(label, elapsed, f"cvxpy/{name}: {exc}")
     elapsed = time.perf_counter() - t0
     xv = None
     if x.value is not None:

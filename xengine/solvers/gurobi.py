@@ -213,15 +213,8 @@ def solve_gurobi(
         except gp.GurobiError as exc:
             if exc.errno == SIZE_LIMIT_ERRNO:
                 raise SolverUnavailable(licence_message(model, grb_vars, grb_rows)) from exc
-            return SolveResult(
-                solver="gurobi",
-                status="error",
-                x=None,
-                objective=None,
-                best_bound=None,
-                gap=None,
-                solve_time_s=time.perf_counter() - t0,
-                message=f"Gurobi error {exc.errno}: {exc}",
+            return SolveResult.failed(
+                "gurobi", time.perf_counter() - t0, f"Gurobi error {exc.errno}: {exc}"
             )
         elapsed = time.perf_counter() - t0
         sol_count = int(m.SolCount)

@@ -227,6 +227,11 @@ class SolveResult:
     def has_solution(self) -> bool:
         return self.x is not None and self.status in ("optimal", "feasible")
 
+    @classmethod
+    def failed(cls, solver: str, solve_time_s: float, message: str) -> SolveResult:
+        """The solver itself raised: status ``error``, no solution, the reason kept."""
+        return cls(solver, "error", None, None, None, None, solve_time_s, message)
+
 
 ProgressFn = Callable[[float, float | None, float | None], None]
 """Called with (elapsed_s, incumbent objective, best bound) whenever the incumbent improves."""

@@ -168,16 +168,7 @@ def solve_scip(
     try:
         s.optimize()
     except Exception as exc:  # noqa: BLE001 - SCIP errors surface as generic exceptions
-        return SolveResult(
-            solver="scip",
-            status="error",
-            x=None,
-            objective=None,
-            best_bound=None,
-            gap=None,
-            solve_time_s=time.perf_counter() - t0,
-            message=f"SCIP error: {exc}",
-        )
+        return SolveResult.failed("scip", time.perf_counter() - t0, f"SCIP error: {exc}")
     elapsed = time.perf_counter() - t0
     raw = s.getStatus()
     has_sol = s.getNSols() > 0
