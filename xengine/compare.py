@@ -3,7 +3,8 @@
 XEngine gets budget ``b_d`` on every device ``d``; each single device runs Checkmate (and the
 heuristics) alone with the same *total* memory ``sum_d b_d``, the other devices unused. The
 gain is measured against the fastest single-device schedule that fits. XEngine is warm-started
-from the best single-device schedule that is also feasible at the per-device budgets.
+from the fastest of: the single-device schedules that are also feasible at the per-device
+budgets, and those schedules spread over the devices (:mod:`xengine.distribute`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from xengine.distribute import start_candidates
 from xengine.problem import Instance
 from xengine.result import StrategyResult
 from xengine.simulate import simulate
@@ -108,14 +110,18 @@ def compare(
     if fitting:
         out.best_single = min(fitting, key=lambda r: r.predicted_time_s)
     if "xengine" in strategies:
-        warm = None
-        # the best single-device schedule that also fits the per-device budgets
-        for cand in sorted(fitting, key=lambda r: r.predicted_time_s):
-            embedded = cand.schedule.on_devices(inst.devices)
-            if simulate(inst, embedded, check_budget=False).within_budget:
-                warm = embedded
-                log.info("warm start: %s (%.4g s)", cand.label, cand.predicted_time_s)
-                break
+        # the fastest of: a single-device schedule that also fits the per-device budgets, the
+        # single-device schedules spread over the devices, the placed model's optimum
+        cands = [(r.label, r.schedule.on_devices(inst.devices)) for r in fitting]
+        if mode == "exact" and inst.n_devices > 1:
+            singles = [(r.label, r.schedule) for r in out.results if r.has_schedule]
+            cands += start_candidates(inst, singles, solver, options)
+        warm, warm_s = None, float("inf")
+        for label, sched in cands:
+            sim = simulate(inst, sched, check_budget=False)
+            if sim.within_budget and sim.time_s < warm_s:
+                warm, warm_s = sched, sim.time_s
+                log.info("warm start candidate: %s (%.4g s)", label, sim.time_s)
         xe = solve_xengine(inst, solver=solver, mode=mode, options=options, warm_start=warm)
         out.results.insert(0, xe)
         out.xengine = xe

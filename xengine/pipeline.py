@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from xengine.distribute import start_candidates
 from xengine.graph.types import Edge, Graph, GraphError
 from xengine.problem import Instance
 from xengine.result import StrategyResult
@@ -663,7 +664,10 @@ def _warm_start(
 
     1. the single-device schedules solved with the total memory, each on its device (the rule
        of ``xengine.compare.compare``);
-    2. only when none of those fits: Checkmate and the heuristics on each device alone with
+    2. those schedules (and keep-everything) spread over the devices, and XEngine's model
+       restricted to the best spread's placement (:func:`xengine.distribute.start_candidates`,
+       exact mode; half the time limit, 5 % gap);
+    3. only when none of those fits: Checkmate and the heuristics on each device alone with
        that device's own budget (DESIGN.md section 6: each is a feasible point of XEngine's
        model). Those Checkmate solves get a quarter of the time limit and stop at a 5 % gap:
        a warm start needs a good schedule, not a proof.
@@ -673,6 +677,10 @@ def _warm_start(
     cands: list[tuple[float, str, Schedule]] = []
     for res in fitting:
         _add_candidate(inst, res.schedule.on_devices(inst.devices), _what(res, "total"), cands)
+    if inst.n_devices > 1 and cfg.formulation == "exact":
+        singles = [(_what(r, "total"), r.schedule) for r in alone if r.has_schedule]
+        for what, sched in start_candidates(inst, singles, cfg.solver, cfg.solver_options):
+            _add_candidate(inst, sched, what, cands)
     if not cands and inst.n_devices > 1:
         opts = cfg.solver_options
         opts = replace(

@@ -44,6 +44,7 @@ def solve_xengine(
     warm_start: Schedule | None = None,
     strategy: str = "xengine",
     build_options: dict | None = None,
+    placement: np.ndarray | None = None,
 ) -> StrategyResult:
     """Solve the heterogeneous model on ``inst`` (DESIGN.md section 6).
 
@@ -52,11 +53,18 @@ def solve_xengine(
     solver as a MIP start. The returned schedule is replayed by the simulator; the model's own
     objective and peak are kept beside the simulator's figures. ``build_options`` go to
     :func:`xengine.formulation.build` (``reference``, ``free_rows``).
+
+    ``placement`` (one device index per node) restricts the model: node ``i`` is computed and
+    kept on ``placement[i]`` only (copies to other devices stay free to choose). The optimum of
+    that smaller model is a feasible multi-device schedule, which is how
+    :mod:`xengine.distribute` turns a placement into a start for the full model.
     """
     options = options or SolverOptions()
     t0 = time.perf_counter()
     linearize = solver not in QUADRATIC_CAPABLE
     form = build(inst, mode=mode, linearize=linearize, **(build_options or {}))
+    if placement is not None:
+        _restrict(form, placement)
     x0 = None
     if warm_start is not None and mode == "exact":
         x0 = form.assignment(warm_start)
@@ -131,6 +139,20 @@ def solve_xengine(
         time.perf_counter() - t0,
     )
     return res
+
+
+def _restrict(form, placement: np.ndarray) -> None:
+    """Fix R and S of node ``i`` at zero on every device but ``placement[i]`` (in place)."""
+    placement = np.asarray(placement, dtype=np.int64)
+    D, _, n = form.Rix.shape
+    if placement.shape != (n,) or placement.min() < 0 or placement.max() >= D:
+        raise ValueError(f"placement needs one device index in 0..{D - 1} for each of {n} nodes")
+    other = np.arange(D)[:, None] != placement[None, :]  # (D, n): not this node's device
+    ub = form.model.ub.copy()
+    for ix in (form.Rix, form.Six):
+        sel = ix[other[:, None, :].repeat(ix.shape[1], axis=1)]
+        ub[sel[sel >= 0]] = 0.0
+    form.model.ub = ub
 
 
 def agree(res: StrategyResult, rel_tol: float = 1e-6) -> bool:

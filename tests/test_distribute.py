@@ -1,0 +1,144 @@
+"""Spreading one-device schedules over several devices (XEngine's multi-device start)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from baselines.checkmate import solve_checkmate
+from tests.helpers import RESIDUAL, copy_models, random_graph
+from xengine.distribute import place, spread, start_candidates, units
+from xengine.graph.synthetic import training_graph
+from xengine.problem import Instance
+from xengine.schedule import keep_all_schedule
+from xengine.simulate import simulate
+from xengine.solve import agree, solve_xengine
+from xengine.solvers import SolverOptions
+
+OPTS = SolverOptions(time_limit_s=60, rel_gap=1e-9)
+
+
+def _residual(costs_b: float = 1.0):
+    return training_graph(
+        "residual",
+        RESIDUAL,
+        4,
+        [1000, 3000, 1000, 3000],
+        {"a": [1.0] * 4, "b": [costs_b] * 4},
+        saves_input=False,
+        copy_models=copy_models(("a", "b")),
+    )
+
+
+def test_units_pair_each_forward_node_with_its_backward_node():
+    g = random_graph(2)
+    inst = Instance(g, ("a", "b"), (10**9, 10**9))
+    u = units(inst)
+    for i, v in enumerate(g.nodes):
+        if v.kind == "bwd":
+            assert u[i] == u[v.fwd_index], v.name
+    fwd = [i for i, v in enumerate(g.nodes) if v.kind == "fwd"]
+    assert sorted(u[fwd]) == list(range(len(fwd)))  # one unit per forward node, in order
+    loss = next(i for i, v in enumerate(g.nodes) if v.kind == "loss")
+    assert u[loss] == u[max(fwd)]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_any_placement_of_a_valid_schedule_is_valid_and_computes_the_same_nodes(seed):
+    g = random_graph(seed)
+    inst = Instance(g, ("a", "b"), (10**9, 10**9))
+    single = keep_all_schedule(inst.only_device(0, 10**9))
+    rng = np.random.default_rng(seed)
+    placement = rng.integers(0, 2, g.size)[units(inst)]
+    sched = place(single, inst.devices, placement)
+    sim = simulate(inst, sched)  # raises on an invalid schedule
+    assert (sched.R.sum(axis=0) == single.R[0]).all()
+    for i in range(g.size):
+        assert not sched.R[1 - placement[i], :, i].any()
+    # compute time = each node at its device's cost; the rest is copies
+    expect = sum(inst.compute_s[placement[i], i] for i in range(g.size))
+    assert sim.compute_time_s == pytest.approx(expect)
+    assert sim.time_s == pytest.approx(sim.compute_time_s + sim.copy_time_s)
+
+
+def test_place_rejects_bad_input():
+    g = random_graph(0)
+    inst = Instance(g, ("a", "b"), (10**9, 10**9))
+    single = keep_all_schedule(inst.only_device(0, 10**9))
+    with pytest.raises(ValueError, match="entries"):
+        place(single, inst.devices, [0, 1])
+    with pytest.raises(ValueError, match="outside"):
+        place(single, inst.devices, [2] * g.size)
+    with pytest.raises(ValueError, match="one-device"):
+        place(keep_all_schedule(inst), inst.devices, [0] * g.size)
+
+
+def test_spread_fits_where_neither_device_alone_does():
+    """Case (c) of the XEngine issue: 9000 bytes per device, one device needs 10000. Keep-all
+    spread over both devices fits, and the placed model finds a schedule at least as fast."""
+    g = _residual()
+    inst = Instance(g, ("a", "b"), (9000, 9000))
+    keep = keep_all_schedule(inst.only_device(0, 18000))
+    sp = spread(inst, [("keep-all", keep)])
+    assert sp is not None and sp.fits and sp.devices_used == 2
+    sim = simulate(inst, sp.schedule)  # within budget, or it raises
+    assert sp.time_s == pytest.approx(sim.time_s)
+    assert np.array_equal(sp.peak_bytes, sim.peak_bytes)
+    cands = start_candidates(inst, [], options=OPTS)
+    assert [label.split()[0] for label, _ in cands] == ["keep-all", "XEngine"]
+    times = [simulate(inst, s).time_s for _, s in cands]
+    assert times[1] <= times[0] + 1e-9
+    # the full model from that start is optimal and never slower than the start
+    res = solve_xengine(inst, options=OPTS, warm_start=cands[1][1])
+    assert res.status == "optimal" and res.objective_s <= times[1] + 1e-9
+
+
+def test_spread_reports_the_least_excess_when_nothing_fits():
+    g = _residual()
+    inst = Instance(g, ("a", "b"), (4000, 4000))  # below the largest op's footprint
+    sp = spread(inst, [("keep-all", keep_all_schedule(inst.only_device(0, 8000)))])
+    assert sp is not None and not sp.fits and sp.excess_bytes > 0
+    assert start_candidates(inst, [], options=OPTS) == []
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_placed_model_is_exact_and_never_beats_the_full_model(seed):
+    """The model restricted to a placement: every node only on its device, its objective and
+    peaks equal the simulator's, and its optimum is >= the full model's (a restriction) and
+    equal to it when the placement is the full optimum's own."""
+    g = random_graph(seed)
+    peak = g.keep_all_peak_bytes()
+    for frac in (0.6, 0.8, 1.0):  # the tightest of these budgets that the graph allows
+        inst = Instance(g, ("a", "b"), (int(frac * peak), int(frac * peak)))
+        full = solve_xengine(inst, options=OPTS)
+        if full.status != "infeasible":
+            break
+    assert full.status == "optimal"
+    placement = np.random.default_rng(seed).integers(0, 2, g.size)[units(inst)]
+    res = solve_xengine(inst, options=OPTS, placement=placement)
+    if res.status == "infeasible":
+        return
+    assert res.status == "optimal" and agree(res)
+    for i in range(g.size):
+        assert not res.schedule.R[1 - placement[i], :, i].any()
+        assert not res.schedule.S[1 - placement[i], :, i].any()
+    assert res.objective_s >= full.objective_s - 1e-9
+    # the full optimum's placement, where each node runs on one device only
+    on = full.schedule.R.any(axis=1) | full.schedule.S.any(axis=1)  # (D, n)
+    if (on.sum(axis=0) == 1).all():
+        again = solve_xengine(inst, options=OPTS, placement=on.argmax(axis=0))
+        assert again.objective_s == pytest.approx(full.objective_s)
+
+
+def test_placed_model_rejects_a_bad_placement():
+    g = random_graph(0)
+    inst = Instance(g, ("a", "b"), (10**9, 10**9))
+    with pytest.raises(ValueError, match="one device index"):
+        solve_xengine(inst, options=OPTS, placement=np.zeros(3, dtype=int))
+
+
+def test_start_candidates_need_several_devices():
+    g = random_graph(0)
+    inst = Instance.single(g, "a", 10**9)
+    res = solve_checkmate(inst, options=OPTS)
+    assert start_candidates(inst, [("checkmate", res.schedule)], options=OPTS) == []

@@ -1,0 +1,240 @@
+"""Spread a single-device schedule over several devices: XEngine's multi-device starting point.
+
+A MILP solver started from a one-device schedule rarely finds on its own that a second device
+helps: on resnet18 with two CPU sub-devices (111k variables) HiGHS kept its one-device start
+for 600 s. And when each device's budget is below what one device needs, there is no
+one-device start at all. This module builds a start that uses every device, cheaply:
+
+* a single-device schedule ``(R, S)`` (stage structure of Checkmate) plus a *placement*
+  ``node -> device`` gives a multi-device schedule: node ``i`` is computed and kept exactly as
+  before, on device ``placement[i]``; the simulator inserts the copies an input on another
+  device needs (DESIGN.md section 5), so every placement of a valid schedule is valid;
+* a forward node and its backward node are placed together (the backward reads the forward's
+  autograd state, which cannot be copied: ``Edge.copyable=False``);
+* the search tries every cut of the forward order into a prefix on one device and a suffix on
+  another (early layers hold the largest activations, so a cut moves memory where it is
+  free), then moves single (forward, backward) pairs while that lowers the simulated time or
+  the excess over the budgets.
+
+Each candidate is scored by :func:`xengine.simulate.simulate` itself, so the result's time and
+per-device peaks are the simulator's. The search is a heuristic: the MILP (warm-started from
+it) is what proves anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from xengine.problem import Instance
+from xengine.schedule import Schedule
+from xengine.simulate import ScheduleError, simulate
+from xengine.solvers import SolverOptions
+
+log = logging.getLogger(__name__)
+
+
+def place(single: Schedule, devices: tuple[str, ...], placement: Sequence[int]) -> Schedule:
+    """``single`` (one device) with node ``i`` computed and kept on ``devices[placement[i]]``."""
+    if single.R.shape[0] != 1:
+        raise ValueError(f"place() spreads a one-device schedule; got {single.R.shape[0]} devices")
+    placement = np.asarray(placement, dtype=np.int64)
+    _, T, n = single.R.shape
+    if placement.shape != (n,):
+        raise ValueError(f"placement has {placement.size} entries for {n} nodes")
+    if placement.min(initial=0) < 0 or placement.max(initial=0) >= len(devices):
+        raise ValueError(f"placement names a device outside 0..{len(devices) - 1}")
+    R = np.zeros((len(devices), T, n), dtype=bool)
+    S = np.zeros((len(devices), T, n), dtype=bool)
+    cols = np.arange(n)
+    R[placement, :, cols] = single.R[0].T
+    S[placement, :, cols] = single.S[0].T
+    return Schedule(devices, R, S)
+
+
+def units(inst: Instance) -> np.ndarray:
+    """Per node, the index of its placement unit: a forward node with its backward node (and
+    the loss with the last forward node), so that no autograd state has to move."""
+    g = inst.graph
+    owner = list(range(g.size))
+    last_fwd = None
+    for i, v in enumerate(g.nodes):
+        if v.kind == "bwd" and v.fwd_index is not None:
+            owner[i] = v.fwd_index
+        elif v.kind == "loss" and last_fwd is not None:
+            owner[i] = last_fwd
+        elif v.kind == "fwd":
+            last_fwd = i
+    ids: dict[int, int] = {}  # numbered in topological order of the unit's first node
+    return np.array([ids.setdefault(o, len(ids)) for o in owner], dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Spread:
+    """The best placement found: the schedule, its simulated time and per-device peaks."""
+
+    schedule: Schedule
+    time_s: float
+    peak_bytes: np.ndarray
+    source: str  # which single-device schedule it came from
+    placement: np.ndarray
+    evaluations: int
+    excess_bytes: float  # summed over devices; 0 when the schedule fits every budget
+
+    @property
+    def fits(self) -> bool:
+        return self.excess_bytes == 0
+
+    @property
+    def devices_used(self) -> int:
+        return int((self.schedule.R.sum(axis=(1, 2)) > 0).sum())
+
+
+def _score(inst: Instance, sched: Schedule) -> tuple[float, float, np.ndarray] | None:
+    """(excess over budgets in bytes, time, peaks), lexicographic: fitting comes first."""
+    try:
+        sim = simulate(inst, sched, check_budget=False)
+    except ScheduleError:
+        return None
+    excess = float(np.maximum(sim.peak_bytes - inst.budgets, 0).sum())
+    return excess, float(sim.time_s), sim.peak_bytes
+
+
+def spread(
+    inst: Instance,
+    singles: Sequence[tuple[str, Schedule]],
+    time_limit_s: float = 30.0,
+) -> Spread | None:
+    """The best placement over all ``singles`` (``(label, one-device schedule)``): the fastest
+    that fits every device's budget, or else the one least over them (``Spread.fits``).
+    ``None`` only when there is nothing to place.
+
+    Stops improving after ``time_limit_s`` (the cuts of the first schedule are always tried).
+    """
+    D = inst.n_devices
+    if D < 2 or not singles:
+        return None
+    t0 = time.perf_counter()
+    unit = units(inst)
+    n_units = int(unit.max()) + 1
+    evals = 0
+    best: tuple[tuple[float, float], str, np.ndarray, Schedule, np.ndarray] | None = None
+
+    def consider(label: str, single: Schedule, unit_dev: np.ndarray):
+        nonlocal evals, best
+        evals += 1
+        sched = place(single, inst.devices, unit_dev[unit])
+        sc = _score(inst, sched)
+        if sc is None:
+            return None
+        key = (sc[0], sc[1])
+        if best is None or key < best[0]:
+            best = (key, label, unit_dev.copy(), sched, sc[2])
+        return key
+
+    for k, (label, single) in enumerate(singles):
+        if k > 0 and time.perf_counter() - t0 > time_limit_s:
+            break
+        # cuts: units before the cut on device a, the rest on device b
+        local_best: tuple[tuple[float, float], np.ndarray] | None = None
+        for a in range(D):
+            for b in range(D):
+                if a == b:
+                    continue
+                for cut in range(n_units + 1):
+                    unit_dev = np.full(n_units, b, dtype=np.int64)
+                    unit_dev[:cut] = a
+                    key = consider(label, single, unit_dev)
+                    if key is not None and (local_best is None or key < local_best[0]):
+                        local_best = (key, unit_dev)
+        if local_best is None:
+            continue
+        # moves: one unit to another device, first improvement, until none helps
+        key, unit_dev = local_best
+        improved = True
+        while improved and time.perf_counter() - t0 <= time_limit_s:
+            improved = False
+            for u in range(n_units):
+                for d in range(D):
+                    if d == unit_dev[u]:
+                        continue
+                    trial = unit_dev.copy()
+                    trial[u] = d
+                    tkey = consider(label, single, trial)
+                    if tkey is not None and tkey < key:
+                        key, unit_dev, improved = tkey, trial, True
+                        break
+                if time.perf_counter() - t0 > time_limit_s:
+                    break
+    if best is None:
+        return None
+    (excess, t_s), label, unit_dev, sched, peaks = best
+    out = Spread(sched, t_s, peaks, label, unit_dev[unit], evals, excess)
+    log.info(
+        "spread: %s over %d device(s), predicted %.4g s, peaks %s MiB%s (%d evaluations, %.1f s)",
+        label,
+        out.devices_used,
+        t_s,
+        ", ".join(f"{p / 2**20:.1f}" for p in peaks),
+        "" if out.fits else f", {excess / 2**20:.1f} MiB over the budgets",
+        evals,
+        time.perf_counter() - t0,
+    )
+    return out
+
+
+def start_candidates(
+    inst: Instance,
+    singles: Sequence[tuple[str, Schedule]],
+    solver: str = "highs",
+    options: SolverOptions | None = None,
+    spread_time_limit_s: float = 30.0,
+) -> list[tuple[str, Schedule]]:
+    """Multi-device schedules to warm-start XEngine with, each valid on ``inst``:
+
+    1. the best placement of ``singles`` (and of keep-everything and Chen's greedy schedule
+       with the total memory on the device that is fastest overall) that fits;
+    2. the optimum of XEngine's model restricted to the best placement found (each node on its
+       placed device only; :func:`xengine.solve.solve_xengine` with ``placement``), solved
+       with ``options`` but half its time limit and at most a 5 % gap (a start needs a good
+       schedule, not a proof). Skipped when the placement uses one device.
+
+    Candidates may exceed the budgets only if the caller checks; both kinds here fit.
+    """
+    from baselines.heuristics import solve_chen_greedy
+    from xengine.schedule import keep_all_schedule
+    from xengine.solve import solve_xengine
+
+    if inst.n_devices < 2:
+        return []
+    # two cheap one-device schedules with the total memory, on the device fastest overall
+    fastest = int(np.argmin(inst.compute_s.sum(axis=1)))
+    alone = inst.only_device(fastest, int(inst.budgets.sum()))
+    extra = [("keep-all", keep_all_schedule(alone))]
+    greedy = solve_chen_greedy(alone)
+    if greedy.has_schedule:
+        extra.append((f"chen_greedy on {inst.devices[fastest]}", greedy.schedule))
+    sp = spread(inst, [*singles, *extra], time_limit_s=spread_time_limit_s)
+    out: list[tuple[str, Schedule]] = []
+    if sp is None:
+        return out
+    if sp.fits:
+        out.append((f"{sp.source} spread over the devices", sp.schedule))
+    if len(np.unique(sp.placement)) < 2:
+        return out
+    log.info("placed model: XEngine with each node on the device of the best placement")
+    res = solve_xengine(
+        inst,
+        solver=solver,
+        options=options,
+        placement=sp.placement,
+        warm_start=sp.schedule if sp.fits else None,
+        strategy="xengine.placed",
+    )
+    if res.has_schedule and res.sim.within_budget and res.status in ("optimal", "feasible"):
+        out.append((f"XEngine restricted to the placement of {sp.source}", res.schedule))
+    return out
