@@ -25,6 +25,12 @@ def test_restarted_sweep_finishes_only_the_missing_point(tmp_path, store):
     assert first.returncode == 0, first.stderr[-2000:]
     client, runs = _runs(tmp_path)
     assert sorted(r.data.params["mem"] for r in runs) == ["100%", "70%", "85%"]
+    log = first.stdout + first.stderr
+    assert "sweep of 3 point(s)" in log
+    lines = [ln for ln in log.splitlines() if "sweep point" in ln]
+    assert len(lines) == 3
+    for line, k, mem in zip(lines, (1, 2, 3), ("70%", "85%", "100%"), strict=True):
+        assert f"sweep point {k} of 3 ({3 - k} after this one): " in line and f"mem={mem}" in line
     assert all(r.info.status == "FINISHED" for r in runs)
 
     # the 85 % point is "killed": it never finished
@@ -44,3 +50,20 @@ def test_restarted_sweep_finishes_only_the_missing_point(tmp_path, store):
             r1 = client.get_run(r0.info.run_id)
             assert r1.info.status == "FINISHED"
             assert r1.data.metrics == r0.data.metrics
+
+
+def test_sweep_size_counts_points_as_the_basic_sweeper_expands_them():
+    from omegaconf import OmegaConf
+
+    from xengine.sweep import sweep_size
+
+    hc = OmegaConf.create(
+        {
+            "sweeper": {"params": {"net": "resnet18,vgg16", "mem.all": "50%,70%,90%"}},
+            "overrides": {"task": ["mem.all=50%,60%", "solver=highs"]},  # the command line wins
+        }
+    )
+    assert sweep_size(hc) == 4
+    hc = OmegaConf.create({"sweeper": {"params": None}, "overrides": {"task": ["x=1"]}})
+    assert sweep_size(hc) == 1
+    assert sweep_size(OmegaConf.create({})) is None

@@ -267,13 +267,35 @@ def sweep_id_of(hydra_cfg: Any) -> str:
     return str(hydra_cfg.sweep.dir)
 
 
+def sweep_size(hydra_cfg: Any) -> int | None:
+    """How many points Hydra's basic sweeper makes of this multirun: the product of the sweep
+    values of ``hydra.sweeper.params`` and the command line (which wins for the same key), as
+    the sweeper itself expands them. ``None`` when they cannot be parsed here."""
+    try:
+        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        params = hydra_cfg.sweeper.get("params") or {}
+        overrides = [f"{k}={v}" for k, v in params.items()]
+        overrides += list(hydra_cfg.overrides.task)
+        parsed = OverridesParser.create().parse_overrides(overrides)
+        return sum(len(batch) for batch in BasicSweeper.split_arguments(parsed, None))
+    except Exception as exc:  # a progress line is not worth failing a sweep for
+        log.debug("sweep size unknown: %s", exc)
+        return None
+
+
+SWEEP_SIZE_ENV = "XENGINE_SWEEP_SIZE"
+
+
 class SweepCallback(_Callback):
     """``hydra.callbacks.sweep._target_=xengine.sweep.SweepCallback``.
 
-    On multirun start (in the launching process, before any job): create the store, the
-    experiment and the sweep's parent run. On multirun end: close the parent with a summary
-    (delete it when it has no child: a resumed sweep whose points had all finished). Does
-    nothing when ``tracking.enabled`` is false.
+    On multirun start (in the launching process, before any job): count the points, create the
+    store, the experiment and the sweep's parent run. On each job's start: log "sweep point k
+    of N". On multirun end: close the parent with a summary (delete it when it has no child: a
+    resumed sweep whose points had all finished). Tracking steps do nothing when
+    ``tracking.enabled`` is false.
     """
 
     def __init__(self) -> None:
@@ -281,10 +303,17 @@ class SweepCallback(_Callback):
         self._parent: str | None = None
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        import os
+
         from mlflow import MlflowClient
 
         from xengine.tracking import resolve_tracking_uri
 
+        n = sweep_size(config.hydra)
+        if n is not None:
+            # jobs in other processes (submitit) inherit the count through the environment
+            os.environ[SWEEP_SIZE_ENV] = str(n)
+            log.info("sweep of %d point(s) into %s", n, sweep_id_of(config.hydra))
         if not config.tracking.enabled:
             return
         self._uri = resolve_tracking_uri(config.tracking.uri, config.results_dir)
@@ -297,6 +326,22 @@ class SweepCallback(_Callback):
             )
         except Exception as exc:  # tracking trouble must not stop the sweep
             log.warning("could not create the sweep's parent run: %s", exc)
+
+    def on_job_start(self, config: Any, **kwargs: Any) -> None:
+        import os
+
+        from hydra.core.hydra_config import HydraConfig
+
+        try:
+            hc = HydraConfig.get()
+        except ValueError:
+            return
+        if hc.mode is None or hc.mode.name != "MULTIRUN":
+            return
+        k = int(hc.job.num) + 1
+        n = os.environ.get(SWEEP_SIZE_ENV)
+        where = f"{k} of {n} ({int(n) - k} after this one)" if n else f"{k}"
+        log.info("sweep point %s: %s", where, " ".join(hc.overrides.task) or "(defaults)")
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         if self._parent is None or self._uri is None:
@@ -319,6 +364,7 @@ __all__ = [
     "FINGERPRINT_TAG",
     "PARENT_TAG",
     "SWEEP_ID_TAG",
+    "SWEEP_SIZE_ENV",
     "VOLATILE_KEYS",
     "SweepCallback",
     "config_fingerprint",
@@ -328,4 +374,5 @@ __all__ = [
     "parent_run_for_sweep",
     "sweep_children",
     "sweep_id_of",
+    "sweep_size",
 ]
