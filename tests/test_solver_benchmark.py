@@ -1,0 +1,39 @@
+"""The solver benchmark's smallest run: both formulations agree, every schedule is checked."""
+
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "experiments"))
+try:
+    import solver_benchmark  # noqa: E402
+finally:
+    sys.path.remove(str(REPO / "experiments"))
+
+
+def test_quick_two_device_row_with_spread_start(tmp_path):
+    rc = solver_benchmark.main(
+        [
+            "--suite=quick",
+            "--graphs=chain16",
+            "--devices=2",
+            "--budgets=70%",
+            "--time-limit-s=30",
+            "--formulations=default,reference",
+            "--warm-start=spread",
+            f"--out={tmp_path}",
+        ]
+    )
+    assert rc == 0  # no bug rows: optima agree, model == simulator
+    rows = list(csv.DictReader((tmp_path / "solver_benchmark.csv").open()))
+    assert [r["formulation"] for r in rows] == ["default", "reference"]
+    for r in rows:
+        assert r["status"] == "optimal" and r["agree"] == "True"
+        assert r["warm_start"]  # a start was found and used
+        assert float(r["objective_s"]) <= float(r["warm_start_s"]) + 1e-9
+        assert float(r["lp_bound_s"]) <= float(r["objective_s"]) + 1e-9
+    assert abs(float(rows[0]["objective_s"]) - float(rows[1]["objective_s"])) < 1e-6
+    assert (tmp_path / "solver_benchmark.png").stat().st_size > 0
