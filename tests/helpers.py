@@ -45,7 +45,8 @@ def random_graph(seed: int, devices=("a", "b"), latency_s: float = 0.05) -> Grap
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run_cli(tmp_path: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+def cli_command(tmp_path: Path, *args: str) -> tuple[list[str], dict[str, str]]:
+    """``run.py`` with its results and MLflow store under ``tmp_path``, and its environment."""
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     cmd = [
         sys.executable,
@@ -54,6 +55,11 @@ def run_cli(tmp_path: Path, *args: str, timeout: int = 300) -> subprocess.Comple
         f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
         *args,
     ]
+    return cmd, env
+
+
+def run_cli(tmp_path: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    cmd, env = cli_command(tmp_path, *args)
     return subprocess.run(
         cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp_path, env=env
     )
