@@ -39,6 +39,7 @@ if str(ROOT) not in sys.path:
 
 from baselines.checkmate import min_feasible_budget_bytes  # noqa: E402
 from baselines.heuristics import best_fitting, run_heuristics  # noqa: E402
+from baselines.lp_rounding import solve_lp_rounding  # noqa: E402
 from xengine.distribute import start_candidates  # noqa: E402
 from xengine.formulation import build  # noqa: E402
 from xengine.graph.synthetic import training_graph  # noqa: E402
@@ -91,6 +92,9 @@ FIELDS = [
     "warm_start",
     "warm_start_s",
     "warm_start_time_s",
+    "rounding_s",
+    "rounding_time_s",
+    "rounding_excess",
     "time_limit_s",
     "note",
 ]
@@ -226,6 +230,7 @@ def run_one(
     warm: str,
     with_lp: bool,
     repeat: int,
+    with_rounding: bool = False,
 ) -> dict:
     g = case.graph
     inst = Instance(g, case.devices, tuple([budget[1]] * len(case.devices)))
@@ -303,6 +308,15 @@ def run_one(
         row["note"] = res.message[:200]
     if with_lp and res.status in ("optimal", "feasible", "no_solution"):
         row["lp_bound_s"] = lp_bound(inst, bopts, options)
+    if with_rounding and inst.n_devices == 1 and res.status in ("optimal", "feasible"):
+        # Checkmate's LP rounding on the same instance: how far from the (best known) optimum
+        rr = solve_lp_rounding(inst, options=options)
+        row["rounding_s"] = rr.solve_time_s
+        if rr.has_schedule and rr.sim.within_budget:
+            row["rounding_time_s"] = rr.sim.time_s
+            row["rounding_excess"] = rr.sim.time_s / res.sim.time_s - 1
+        else:
+            row["rounding_excess"] = "no fit"
     log.info(
         "%s D=%d %s %s/%s: %s obj %s in %.2f s (build %.2f s, first %s)",
         g.name,
@@ -473,6 +487,12 @@ def main(argv: list[str] | None = None) -> int:
         "time (warm_start_time_s) is not in solve_s",
     )
     ap.add_argument("--no-lp-bound", action="store_true", help="skip the LP-relaxation bound")
+    ap.add_argument(
+        "--rounding",
+        action="store_true",
+        help="one device: also run Checkmate's LP rounding (first formulation's rows) and "
+        "record its time over the solver's schedule (rounding_excess; 'no fit' if none fits)",
+    )
     ap.add_argument("--graphs", default="", help="comma-separated graph names to keep")
     ap.add_argument("--devices", default="1,2", help="device counts to run: 1, 2 or 1,2")
     ap.add_argument("--budgets", default="", help="budget labels to keep (90%%,70%%,50%%,min)")
@@ -519,6 +539,7 @@ def main(argv: list[str] | None = None) -> int:
                                 args.warm_start,
                                 not args.no_lp_bound,
                                 rep,
+                                with_rounding=args.rounding and form == forms[0],
                             )
                         )
     rows += cross_check(rows)

@@ -6,6 +6,8 @@ import csv
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
 try:
@@ -37,3 +39,26 @@ def test_quick_two_device_row_with_spread_start(tmp_path):
         assert float(r["lp_bound_s"]) <= float(r["objective_s"]) + 1e-9
     assert abs(float(rows[0]["objective_s"]) - float(rows[1]["objective_s"])) < 1e-6
     assert (tmp_path / "solver_benchmark.png").stat().st_size > 0
+
+
+def test_one_device_row_measures_lp_rounding_against_the_optimum(tmp_path):
+    rc = solver_benchmark.main(
+        [
+            "--suite=quick",
+            "--graphs=chain16",
+            "--devices=1",
+            "--budgets=90%",
+            "--time-limit-s=30",
+            "--formulations=default",
+            "--rounding",
+            "--no-lp-bound",
+            f"--out={tmp_path}",
+        ]
+    )
+    assert rc == 0
+    (row,) = list(csv.DictReader((tmp_path / "solver_benchmark.csv").open()))
+    assert row["status"] == "optimal"
+    if row["rounding_excess"] != "no fit":  # a rounded schedule is never below the optimum
+        assert float(row["rounding_excess"]) >= -1e-9
+        expect = float(row["rounding_time_s"]) / float(row["sim_time_s"]) - 1
+        assert float(row["rounding_excess"]) == pytest.approx(expect)
