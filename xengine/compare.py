@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from xengine.distribute import start_candidates
 from xengine.problem import Instance
 from xengine.result import StrategyResult
-from xengine.simulate import simulate
+from xengine.schedule import Schedule
+from xengine.simulate import ScheduleError, simulate
 from xengine.solve import solve_xengine
 from xengine.solvers import SolverOptions
 
@@ -75,6 +76,76 @@ def run_single_device(
     return table[strategy](inst)
 
 
+def _what(res: StrategyResult, memory: str) -> str:
+    return f"{res.strategy} on {res.devices[0]} ({memory} memory)"
+
+
+def warm_start(
+    inst: Instance,
+    alone: Sequence[StrategyResult],
+    solver: str = "highs",
+    options: SolverOptions | None = None,
+    mode: str = "exact",
+    min_budget_bytes: int = 0,
+) -> tuple[str, Schedule, float] | None:
+    """XEngine's start on ``inst``: ``(what, schedule, predicted time)`` of the fastest valid
+    schedule within the per-device budgets, found among
+
+    1. ``alone``: the single-device schedules solved with the total memory, each embedded on
+       its device (the paper's protocol computes them anyway);
+    2. (exact mode, several devices) those schedules and keep-everything spread over the
+       devices, and XEngine's model restricted to the best spread's placement
+       (:func:`xengine.distribute.start_candidates`; half the time limit, 5 % gap);
+    3. only when none of those fits: Checkmate and the heuristics on each device alone with
+       that device's own budget (DESIGN.md section 6: each is a feasible point of XEngine's
+       model), Checkmate with a quarter of the time limit and a 5 % gap: a start needs a good
+       schedule, not a proof. Devices whose budget is below ``min_budget_bytes`` are skipped.
+
+    ``None`` when nothing fits (the solver then starts cold).
+    """
+    options = options or SolverOptions()
+    cands: list[tuple[float, str, Schedule]] = []
+
+    def add(what: str, sched: Schedule) -> None:
+        try:
+            sim = simulate(inst, sched, check_budget=False)
+        except ScheduleError:
+            return
+        if sim.within_budget:
+            cands.append((float(sim.time_s), what, sched))
+
+    for res in alone:
+        if _fits(res):
+            add(_what(res, "total"), res.schedule.on_devices(inst.devices))
+    if inst.n_devices > 1 and mode == "exact":
+        singles = [(_what(r, "total"), r.schedule) for r in alone if r.has_schedule]
+        for what, sched in start_candidates(inst, singles, solver, options):
+            add(what, sched)
+    if not cands and inst.n_devices > 1:
+        opts = replace(
+            options,
+            time_limit_s=None if options.time_limit_s is None else options.time_limit_s / 4,
+            rel_gap=max(options.rel_gap, 0.05),
+        )
+        for d in range(inst.n_devices):
+            if inst.budget_bytes[d] < min_budget_bytes:  # no schedule fits this device alone
+                continue
+            sub = inst.only_device(d, inst.budget_bytes[d])
+            for name in ("checkmate", *HEURISTICS):
+                log.info("warm start: %s on %s alone with its own budget", name, sub.devices[0])
+                try:
+                    res = run_single_device(sub, name, solver=solver, options=opts)
+                except Exception as exc:  # a start is optional
+                    log.info("warm start candidate %s failed: %s", name, exc)
+                    continue
+                if res.schedule is not None:
+                    add(_what(res, "own budget"), res.schedule.on_devices(inst.devices))
+    if not cands:
+        return None
+    t, what, sched = min(cands, key=lambda c: c[0])
+    return what, sched, t
+
+
 def compare(
     inst: Instance,
     strategies: Sequence[str] = ("xengine",) + SINGLE_DEVICE,
@@ -110,18 +181,11 @@ def compare(
     if fitting:
         out.best_single = min(fitting, key=lambda r: r.predicted_time_s)
     if "xengine" in strategies:
-        # the fastest of: a single-device schedule that also fits the per-device budgets, the
-        # single-device schedules spread over the devices, the placed model's optimum
-        cands = [(r.label, r.schedule.on_devices(inst.devices)) for r in fitting]
-        if mode == "exact" and inst.n_devices > 1:
-            singles = [(r.label, r.schedule) for r in out.results if r.has_schedule]
-            cands += start_candidates(inst, singles, solver, options)
-        warm, warm_s = None, float("inf")
-        for label, sched in cands:
-            sim = simulate(inst, sched, check_budget=False)
-            if sim.within_budget and sim.time_s < warm_s:
-                warm, warm_s = sched, sim.time_s
-                log.info("warm start candidate: %s (%.4g s)", label, sim.time_s)
+        start = warm_start(inst, out.results, solver, options, mode)
+        warm = None
+        if start is not None:
+            log.info("warm start: %s (%.4g s)", start[0], start[2])
+            warm = start[1]
         xe = solve_xengine(inst, solver=solver, mode=mode, options=options, warm_start=warm)
         out.results.insert(0, xe)
         out.xengine = xe

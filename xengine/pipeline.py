@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from xengine.distribute import start_candidates
+from xengine.compare import warm_start
 from xengine.graph.types import Edge, Graph, GraphError
 from xengine.problem import Instance
 from xengine.result import StrategyResult
@@ -659,76 +659,21 @@ def _fits(res: StrategyResult | None) -> bool:
 def _warm_start(
     inst: Instance, alone: list[StrategyResult], cfg: RunConfig, tracker: Tracker, min_budget: int
 ) -> Schedule | None:
-    """XEngine's warm start: the fastest valid schedule on ``inst``'s devices, within the
-    per-device budgets, found among
-
-    1. the single-device schedules solved with the total memory, each on its device (the rule
-       of ``xengine.compare.compare``);
-    2. those schedules (and keep-everything) spread over the devices, and XEngine's model
-       restricted to the best spread's placement (:func:`xengine.distribute.start_candidates`,
-       exact mode; half the time limit, 5 % gap);
-    3. only when none of those fits: Checkmate and the heuristics on each device alone with
-       that device's own budget (DESIGN.md section 6: each is a feasible point of XEngine's
-       model). Those Checkmate solves get a quarter of the time limit and stop at a 5 % gap:
-       a warm start needs a good schedule, not a proof.
-    """
+    """XEngine's start by the rule of :func:`xengine.compare.warm_start`, timed and tagged
+    (``xengine/warm_start_time_s``, ``xe.warm_start``)."""
     t0 = time.perf_counter()
-    fitting = sorted((r for r in alone if _fits(r)), key=lambda r: r.sim.time_s)
-    cands: list[tuple[float, str, Schedule]] = []
-    for res in fitting:
-        _add_candidate(inst, res.schedule.on_devices(inst.devices), _what(res, "total"), cands)
-    if inst.n_devices > 1 and cfg.formulation == "exact":
-        singles = [(_what(r, "total"), r.schedule) for r in alone if r.has_schedule]
-        for what, sched in start_candidates(inst, singles, cfg.solver, cfg.solver_options):
-            _add_candidate(inst, sched, what, cands)
-    if not cands and inst.n_devices > 1:
-        opts = cfg.solver_options
-        opts = replace(
-            opts,
-            time_limit_s=None if opts.time_limit_s is None else opts.time_limit_s / 4,
-            rel_gap=max(opts.rel_gap, 0.05),
-        )
-        for d in range(inst.n_devices):
-            if inst.budget_bytes[d] < min_budget:  # no schedule fits this device alone
-                continue
-            sub = inst.only_device(d, inst.budget_bytes[d])
-            for name in ("checkmate", "checkpoint_all", "chen_sqrtn", "chen_greedy"):
-                kwargs: dict[str, Any] = {}
-                if STRATEGIES[name].uses_solver:
-                    kwargs.update(solver=cfg.solver, options=opts)
-                log.info("warm start: %s on %s alone, %s", name, sub.devices[0], _budget_list(sub))
-                try:
-                    res = _load(STRATEGIES[name].target)(sub, **kwargs)
-                except Exception as exc:  # a warm start is optional
-                    log.info("warm start candidate %s failed: %s", name, exc)
-                    continue
-                if res.schedule is not None:
-                    what = _what(res, "own budget")
-                    _add_candidate(inst, res.schedule.on_devices(inst.devices), what, cands)
+    start = warm_start(
+        inst, alone, cfg.solver, cfg.solver_options, cfg.formulation, min_budget_bytes=min_budget
+    )
     tracker.metrics({"xengine/warm_start_time_s": time.perf_counter() - t0})
-    if not cands:
+    if start is None:
         log.info("xengine: no schedule found that fits the per-device budgets; cold start")
         tracker.tags({"xe.warm_start": "none"})
         return None
-    t, what, sched = min(cands, key=lambda c: c[0])
+    what, sched, t = start
     log.info("xengine: warm start from %s, predicted %.4g s", what, t)
     tracker.tags({"xe.warm_start": what})
     return sched
-
-
-def _what(res: StrategyResult, memory: str) -> str:
-    return f"{res.strategy} on {res.devices[0]} ({memory} memory)"
-
-
-def _add_candidate(
-    inst: Instance, sched: Schedule, what: str, cands: list[tuple[float, str, Schedule]]
-) -> None:
-    try:
-        sim = simulate(inst, sched, check_budget=False)
-    except ScheduleError:
-        return
-    if sim.within_budget:
-        cands.append((float(sim.time_s), what, sched))
 
 
 @dataclass
