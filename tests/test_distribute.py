@@ -142,3 +142,20 @@ def test_start_candidates_need_several_devices():
     inst = Instance.single(g, "a", 10**9)
     res = solve_checkmate(inst, options=OPTS)
     assert start_candidates(inst, [("checkmate", res.schedule)], options=OPTS) == []
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_placed_model_leaves_nodes_at_minus_one_free(seed):
+    g = random_graph(seed)
+    inst = Instance(g, ("a", "b"), (10**9, 10**9))
+    full = solve_xengine(inst, options=OPTS)
+    free = solve_xengine(inst, options=OPTS, placement=np.full(g.size, -1))
+    assert free.objective_s == pytest.approx(full.objective_s)
+    # one unit pinned to device b, the rest free: b computes it, a never does
+    placement = np.full(g.size, -1)
+    pinned = units(inst) == 0
+    placement[pinned] = 1
+    res = solve_xengine(inst, options=OPTS, placement=placement)
+    assert res.status == "optimal" and agree(res)
+    assert not res.schedule.R[0][:, pinned].any() and res.schedule.R[1][:, pinned].any()
+    assert res.objective_s >= full.objective_s - 1e-9

@@ -54,8 +54,9 @@ def solve_xengine(
     objective and peak are kept beside the simulator's figures. ``build_options`` go to
     :func:`xengine.formulation.build` (``reference``, ``free_rows``).
 
-    ``placement`` (one device index per node) restricts the model: node ``i`` is computed and
-    kept on ``placement[i]`` only (copies to other devices stay free to choose). The optimum of
+    ``placement`` (one device index per node, or -1 for a node left free) restricts the model:
+    node ``i`` is computed and kept on ``placement[i]`` only (copies to other devices stay free
+    to choose). The optimum of
     that smaller model is a feasible multi-device schedule, which is how
     :mod:`xengine.distribute` turns a placement into a start for the full model.
     """
@@ -145,9 +146,12 @@ def _restrict(form, placement: np.ndarray) -> None:
     """Fix R and S of node ``i`` at zero on every device but ``placement[i]`` (in place)."""
     placement = np.asarray(placement, dtype=np.int64)
     D, _, n = form.Rix.shape
-    if placement.shape != (n,) or placement.min() < 0 or placement.max() >= D:
-        raise ValueError(f"placement needs one device index in 0..{D - 1} for each of {n} nodes")
-    other = np.arange(D)[:, None] != placement[None, :]  # (D, n): not this node's device
+    if placement.shape != (n,) or placement.min() < -1 or placement.max() >= D:
+        raise ValueError(
+            f"placement needs one device index in 0..{D - 1} (or -1: free) for each of {n} nodes"
+        )
+    # (D, n): not this node's device; a node placed at -1 stays free on every device
+    other = (np.arange(D)[:, None] != placement[None, :]) & (placement[None, :] >= 0)
     ub = form.model.ub.copy()
     for ix in (form.Rix, form.Six):
         sel = ix[other[:, None, :].repeat(ix.shape[1], axis=1)]
