@@ -394,3 +394,42 @@ def test_submitit_local_two_point_solve_only_sweep(tmp_path, uri):
         assert parents[0].info.lifecycle_stage == "deleted"
     # each job ran in its own process (submitit's local executor)
     assert len(list((tmp_path / "sweep" / ".submitit").glob("*"))) >= 2
+
+
+# --------------------------------------------------------------------------- smoke runs
+def _smoke_command(name: str) -> list[str]:
+    """The arguments of the ``python run.py ...`` smoke-test command in the config's header."""
+    import shlex
+
+    lines = (CONF / "experiment" / f"{name}.yaml").read_text().splitlines()
+    header = [ln.lstrip("# ").strip() for ln in lines if ln.startswith("#")]
+    for i, line in enumerate(header):
+        if line.lower().startswith("smoke test"):
+            cmd = line.split(":", 1)[1].strip() or header[i + 1]
+            args = shlex.split(cmd)
+            assert args[:2] == ["python", "run.py"], (name, cmd)
+            return args[2:]
+    raise AssertionError(f"{name}.yaml has no 'Smoke test:' command in its header")
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_experiment_smoke_command_runs(tmp_path, store, name):
+    """Each config's documented smoke command (with quick profiling and one timed step) runs
+    every point of its sweep to a finished MLflow run with status ok."""
+    from tests.helpers import run_cli
+
+    args = _smoke_command(name)
+    assert f"experiment={name}" in args and "-m" in args
+    quick = ["n_steps=1", "warmup=0", "profile.repeats=1", "profile.warmup=0"]
+    proc = run_cli(tmp_path, *args, *quick, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = proc.stdout + proc.stderr
+    n_points = int(log.split("sweep of ")[1].split(" point")[0])
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("xengine")
+    runs = [r for r in client.search_runs([exp.experiment_id]) if "xe.fingerprint" in r.data.tags]
+    assert len(runs) == n_points >= 1
+    for r in runs:
+        assert r.info.status == "FINISHED", r.data.tags
+        assert r.data.tags["xe.status"] == "ok", r.data.tags
+        assert r.data.tags.get("xe.experiment") == name
