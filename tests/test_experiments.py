@@ -416,12 +416,16 @@ def _smoke_command(name: str) -> list[str]:
 def test_experiment_smoke_command_runs(tmp_path, store, name):
     """Each config's documented smoke command (with quick profiling and one timed step) runs
     every point of its sweep to a finished MLflow run with status ok."""
-    from tests.helpers import run_cli
+    from tests.helpers import cli_command
 
     args = _smoke_command(name)
     assert f"experiment={name}" in args and "-m" in args
+    flags = [a for a in args if a.startswith("-")]  # before every override, as in the header
+    overrides = [a for a in args if not a.startswith("-")]
     quick = ["n_steps=1", "warmup=0", "profile.repeats=1", "profile.warmup=0"]
-    proc = run_cli(tmp_path, *args, *quick, timeout=600)
+    cmd, env = cli_command(tmp_path, *overrides, *quick)
+    cmd[2:2] = flags
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     log = proc.stdout + proc.stderr
     n_points = int(log.split("sweep of ")[1].split(" point")[0])
