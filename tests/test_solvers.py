@@ -614,3 +614,20 @@ def test_gurobi_quadratic_licence_limit_is_reported():
     else:
         assert res.status == "optimal"
         pytest.skip("gurobipy has an unrestricted licence here: no size limit to report")
+
+
+def test_highs_solves_after_the_thread_count_changes():
+    """HiGHS sizes one thread pool per process at its first solve; a later solve with another
+    ``threads`` failed with status "Not Set" until the pool was reset."""
+    from xengine.graph.synthetic import chain
+    from xengine.problem import Instance
+    from xengine.solve import solve_xengine
+
+    g = chain(5)
+    inst = Instance.single(g, g.devices[0], int(0.7 * g.keep_all_peak_bytes()))
+    objectives = []
+    for threads in (None, 1, 2, None):
+        res = solve_xengine(inst, options=SolverOptions(time_limit_s=30, threads=threads))
+        assert res.status == "optimal", (threads, res.message)
+        objectives.append(res.objective_s)
+    assert max(objectives) - min(objectives) < 1e-9

@@ -306,10 +306,11 @@ class SweepCallback(_Callback):
         import os
 
         from mlflow import MlflowClient
+        from omegaconf import OmegaConf
 
         from xengine.tracking import resolve_tracking_uri
 
-        n = sweep_size(config.hydra)
+        n = sweep_size(OmegaConf.select(config, "hydra"))
         if n is not None:
             # jobs in other processes (submitit) inherit the count through the environment
             os.environ[SWEEP_SIZE_ENV] = str(n)

@@ -58,12 +58,14 @@ def solve_highs(
     h = _new_highs(highspy)
     h.setOptionValue("output_flag", bool(options.verbose))
     h.setOptionValue("log_to_console", bool(options.verbose))
-    if options.threads:
-        # HiGHS keeps one thread pool per process; changing its size needs a reset.
-        if _THREADS_SET is not None and _THREADS_SET != options.threads:
-            highspy.Highs.resetGlobalScheduler(True)
-        h.setOptionValue("threads", int(options.threads))
-        _THREADS_SET = int(options.threads)
+    # HiGHS keeps one thread pool per process, sized by the first solve (threads 0 = its
+    # default); a solve that asks for another size fails with "Not Set" unless it is reset.
+    threads = int(options.threads or 0)
+    if _THREADS_SET is not None and _THREADS_SET != threads:
+        highspy.Highs.resetGlobalScheduler(True)
+    if threads:
+        h.setOptionValue("threads", threads)
+    _THREADS_SET = threads
     if options.time_limit_s is not None:
         h.setOptionValue("time_limit", float(options.time_limit_s))
     h.setOptionValue("mip_rel_gap", float(options.rel_gap))
