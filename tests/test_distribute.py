@@ -159,3 +159,23 @@ def test_placed_model_leaves_nodes_at_minus_one_free(seed):
     assert res.status == "optimal" and agree(res)
     assert not res.schedule.R[0][:, pinned].any() and res.schedule.R[1][:, pinned].any()
     assert res.objective_s >= full.objective_s - 1e-9
+
+
+def test_spread_tries_every_schedule_even_without_time_left():
+    """The cuts of every schedule are tried even at a zero time limit (the first one must not
+    use up the others' time), and a schedule given twice is placed once."""
+    from baselines.heuristics import solve_chen_sqrtn
+    from xengine.graph.synthetic import chain
+
+    g = chain(8, devices=("a", "b")).with_costs({}, copy_models(("a", "b")))
+    peak = g.keep_all_peak_bytes()
+    inst = Instance(g, ("a", "b"), (int(0.4 * peak), int(0.4 * peak)))
+    alone = inst.only_device(0, int(0.8 * peak))
+    keep = keep_all_schedule(alone)  # needs the whole peak at once: no placement fits
+    sqrtn = solve_chen_sqrtn(alone)
+    assert sqrtn.has_schedule
+    sp = spread(inst, [("keep-all", keep), ("sqrtn", sqrtn.schedule)], time_limit_s=0.0)
+    once = spread(inst, [("keep-all", keep)], time_limit_s=0.0)
+    assert sp.source == "sqrtn" and sp.excess_bytes < once.excess_bytes
+    twice = spread(inst, [("keep-all", keep), ("again", keep)], time_limit_s=0.0)
+    assert twice.evaluations == once.evaluations

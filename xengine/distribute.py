@@ -113,9 +113,20 @@ def spread(
     that fits every device's budget, or else the one least over them (``Spread.fits``).
     ``None`` only when there is nothing to place.
 
-    Stops improving after ``time_limit_s`` (the cuts of the first schedule are always tried).
+    Every schedule's cuts are always tried; the single-pair moves of each get an equal share
+    of what is left of ``time_limit_s`` (a first schedule must not use up the time of the
+    others: on resnet50 one schedule's moves alone take more than 30 s).
     """
     D = inst.n_devices
+    # the same schedule solved on several devices (heuristics ignore costs) is placed once
+    seen: set[bytes] = set()
+    unique = []
+    for label, single in singles:
+        key = np.packbits(single.R).tobytes() + np.packbits(single.S).tobytes()
+        if key not in seen:
+            seen.add(key)
+            unique.append((label, single))
+    singles = unique
     if D < 2 or not singles:
         return None
     t0 = time.perf_counter()
@@ -137,8 +148,9 @@ def spread(
         return key
 
     for k, (label, single) in enumerate(singles):
-        if k > 0 and time.perf_counter() - t0 > time_limit_s:
-            break
+        # every schedule gets its cuts and an equal share of what is left for moves
+        t_single = time.perf_counter()
+        share_s = max(0.0, time_limit_s - (t_single - t0)) / (len(singles) - k)
         # cuts: units before the cut on device a, the rest on device b
         local_best: tuple[tuple[float, float], np.ndarray] | None = None
         for a in range(D):
@@ -156,7 +168,7 @@ def spread(
         # moves: one unit to another device, first improvement, until none helps
         key, unit_dev = local_best
         improved = True
-        while improved and time.perf_counter() - t0 <= time_limit_s:
+        while improved and time.perf_counter() - t_single <= share_s:
             improved = False
             for u in range(n_units):
                 for d in range(D):
@@ -168,7 +180,7 @@ def spread(
                     if tkey is not None and tkey < key:
                         key, unit_dev, improved = tkey, trial, True
                         break
-                if time.perf_counter() - t0 > time_limit_s:
+                if time.perf_counter() - t_single > share_s:
                     break
     if best is None:
         return None
