@@ -95,7 +95,7 @@ def warm_start(
        its device (the paper's protocol computes them anyway);
     2. (exact mode, several devices) those schedules and keep-everything spread over the
        devices, and XEngine's model restricted to the best spread's placement
-       (:func:`xengine.distribute.start_candidates`; half the time limit, 5 % gap);
+       (:func:`xengine.distribute.start_candidates`; the run's time limit and gap);
     3. only when none of those fits: Checkmate and the heuristics on each device alone with
        that device's own budget (DESIGN.md section 6: each is a feasible point of XEngine's
        model), Checkmate with a quarter of the time limit and a 5 % gap: a start needs a good
