@@ -179,3 +179,18 @@ def test_spread_tries_every_schedule_even_without_time_left():
     assert sp.source == "sqrtn" and sp.excess_bytes < once.excess_bytes
     twice = spread(inst, [("keep-all", keep), ("again", keep)], time_limit_s=0.0)
     assert twice.evaluations == once.evaluations
+
+
+def test_placed_model_gets_a_multi_device_placement_when_one_device_fits_best():
+    """When the best fitting placement is one device alone, the placed model still starts from
+    the best placement over both devices (it can recompute where the spread could not)."""
+    g = _residual()
+    inst = Instance(g, ("a", "b"), (10**9, 10**9))  # everything fits on one device
+    keep = keep_all_schedule(inst.only_device(0, 2 * 10**9))
+    best = spread(inst, [("keep-all", keep)])
+    assert best.fits and best.devices_used == 1  # copies only cost: one device is best
+    multi = spread(inst, [("keep-all", keep)], min_devices_used=2)
+    assert multi.devices_used == 2 and multi.time_s >= best.time_s
+    labels = [label for label, _ in start_candidates(inst, [], options=OPTS)]
+    assert labels[0].endswith("placed on one device")
+    assert any(label.startswith("XEngine restricted") for label in labels)
