@@ -194,3 +194,19 @@ def test_placed_model_gets_a_multi_device_placement_when_one_device_fits_best():
     labels = [label for label, _ in start_candidates(inst, [], options=OPTS)]
     assert labels[0].endswith("placed on one device")
     assert any(label.startswith("XEngine restricted") for label in labels)
+
+
+def test_an_unavailable_solver_skips_the_placed_model_with_a_warning(monkeypatch, caplog):
+    import xengine.solve as solve_mod
+    from xengine.solvers import SolverUnavailable
+
+    def unavailable(*args, **kwargs):
+        raise SolverUnavailable("solver=gurobi: the licence limits models to 2000 variables")
+
+    monkeypatch.setattr(solve_mod, "solve_xengine", unavailable)
+    g = _residual()
+    inst = Instance(g, ("a", "b"), (9000, 9000))
+    with caplog.at_level("WARNING"):
+        cands = start_candidates(inst, [], solver="gurobi", options=OPTS)
+    assert [label.split()[0] for label, _ in cands] == ["keep-all"]  # the spread is kept
+    assert "placed model skipped: solver=gurobi" in caplog.text

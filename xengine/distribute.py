@@ -33,7 +33,7 @@ import numpy as np
 from xengine.problem import Instance
 from xengine.schedule import Schedule
 from xengine.simulate import ScheduleError, simulate
-from xengine.solvers import SolverOptions
+from xengine.solvers import SolverOptions, SolverUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -252,14 +252,18 @@ def start_candidates(
         if sp is None:
             return out
     log.info("placed model: XEngine with each node on the device of the best placement")
-    res = solve_xengine(
-        inst,
-        solver=solver,
-        options=options,
-        placement=sp.placement,
-        warm_start=sp.schedule if sp.fits else None,
-        strategy="xengine.placed",
-    )
+    try:
+        res = solve_xengine(
+            inst,
+            solver=solver,
+            options=options,
+            placement=sp.placement,
+            warm_start=sp.schedule if sp.fits else None,
+            strategy="xengine.placed",
+        )
+    except SolverUnavailable as exc:  # the full solve will say so; a start is optional
+        log.warning("placed model skipped: %s", str(exc).splitlines()[0])
+        return out
     if res.has_schedule and res.sim.within_budget and res.status in ("optimal", "feasible"):
         out.append((f"XEngine restricted to the placement of {sp.source}", res.schedule))
     return out
