@@ -24,3 +24,9 @@ def store(tmp_path, empty_store) -> Path:
     db = tmp_path / "mlflow.db"
     shutil.copy(empty_store, db)
     return db
+
+
+@pytest.fixture
+def uri(store: Path) -> str:
+    """The tracking URI of ``store`` (a fresh copy of the empty store in ``tmp_path``)."""
+    return f"sqlite:///{store}"

@@ -41,22 +41,6 @@ CONF = REPO / "conf"
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 
 
-# --------------------------------------------------------------------------- stores
-@pytest.fixture(scope="session")
-def empty_store(tmp_path_factory) -> Path:
-    """An initialised, empty MLflow SQLite store (creating one runs ~80 migrations)."""
-    db = tmp_path_factory.mktemp("store") / "mlflow.db"
-    MlflowClient(f"sqlite:///{db}").search_experiments()
-    return db
-
-
-@pytest.fixture
-def uri(tmp_path, empty_store) -> str:
-    db = tmp_path / "mlflow.db"
-    shutil.copy(empty_store, db)
-    return f"sqlite:///{db}"
-
-
 # --------------------------------------------------------------------------- fingerprint
 CFG = {
     "net": {"name": "resnet18", "batch_size": 4},

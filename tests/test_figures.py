@@ -40,20 +40,6 @@ def _load_figures():
 figures = _load_figures()
 
 
-@pytest.fixture(scope="session")
-def empty_store(tmp_path_factory) -> Path:
-    db = tmp_path_factory.mktemp("store") / "mlflow.db"
-    MlflowClient(f"sqlite:///{db}").search_experiments()
-    return db
-
-
-@pytest.fixture
-def uri(tmp_path, empty_store) -> str:
-    db = tmp_path / "mlflow.db"
-    shutil.copy(empty_store, db)
-    return f"sqlite:///{db}"
-
-
 def _experiment(client, tmp_path):
     """The experiment, its artifacts under ``tmp_path`` (not ``./mlruns``)."""
     return client.create_experiment("xengine", artifact_location=(tmp_path / "art").as_uri())
@@ -183,7 +169,7 @@ def _replay_run(client, exp_id, tmp_path, logged_peak_off=0.0):
 
 
 @pytest.fixture
-def store(uri, tmp_path):
+def filled_store(uri, tmp_path):
     client = MlflowClient(uri)
     exp_id = _experiment(client, tmp_path)
     ids = {
@@ -208,8 +194,8 @@ def store(uri, tmp_path):
     return uri, ids
 
 
-def test_every_figure_is_written_with_its_data(store, tmp_path):
-    uri, ids = store
+def test_every_figure_is_written_with_its_data(filled_store, tmp_path):
+    uri, ids = filled_store
     out = tmp_path / "figures"
     outcomes = figures.make_figures(uri, "xengine", out, recapture=False)
     by_name = {o.name: o for o in outcomes}
@@ -300,8 +286,8 @@ def test_experiment_tag_selects_the_runs_of_a_figure(uri, tmp_path):
     assert set(bars["run_id"]) == {tagged}
 
 
-def test_cli(store, tmp_path, capsys):
-    uri, _ = store
+def test_cli(filled_store, tmp_path, capsys):
+    uri, _ = filled_store
     out = tmp_path / "cli"
     assert figures.main(["--tracking-uri", uri, "--out", str(out), "--no-recapture"]) == 0
     printed = capsys.readouterr().out
