@@ -93,8 +93,8 @@ def warm_start(
 
     1. ``alone``: the single-device schedules solved with the total memory, each embedded on
        its device (the paper's protocol computes them anyway);
-    2. (exact mode, several devices) those schedules and keep-everything spread over the
-       devices, and XEngine's model restricted to the best spread's placement
+    2. (exact and intervals modes, several devices) those schedules and keep-everything
+       spread over the devices, and XEngine's model restricted to the best spread's placement
        (:func:`xengine.distribute.start_candidates`; the run's time limit and gap);
     3. only when none of those fits: Checkmate and the heuristics on each device alone with
        that device's own budget (DESIGN.md section 6: each is a feasible point of XEngine's
@@ -117,9 +117,10 @@ def warm_start(
     for res in alone:
         if _fits(res):
             add(_what(res, "total"), res.schedule.on_devices(inst.devices))
-    if inst.n_devices > 1 and mode == "exact":
+    if inst.n_devices > 1 and mode in ("exact", "intervals"):
         singles = [(_what(r, "total"), r.schedule) for r in alone if r.has_schedule]
-        for what, sched in start_candidates(inst, singles, solver, options):
+        xe_solver = "cpsat" if mode == "intervals" else solver
+        for what, sched in start_candidates(inst, singles, xe_solver, options, mode=mode):
             add(what, sched)
     if not cands and inst.n_devices > 1:
         opts = replace(
@@ -186,7 +187,8 @@ def compare(
         if start is not None:
             log.info("warm start: %s (%.4g s)", start[0], start[2])
             warm = start[1]
-        xe = solve_xengine(inst, solver=solver, mode=mode, options=options, warm_start=warm)
+        xe_solver = "cpsat" if mode == "intervals" else solver  # the interval model is CP-SAT's
+        xe = solve_xengine(inst, solver=xe_solver, mode=mode, options=options, warm_start=warm)
         out.results.insert(0, xe)
         out.xengine = xe
     return out

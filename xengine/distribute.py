@@ -210,6 +210,7 @@ def start_candidates(
     solver: str = "highs",
     options: SolverOptions | None = None,
     spread_time_limit_s: float = 30.0,
+    mode: str = "exact",
 ) -> list[tuple[str, Schedule]]:
     """Multi-device schedules to warm-start XEngine with, each valid on ``inst``:
 
@@ -220,7 +221,8 @@ def start_candidates(
        placed device only; :func:`xengine.solve.solve_xengine` with ``placement``), solved
        with ``options`` as they are: on resnet18 with two CPU sub-devices it reached a 0.5 %
        gap only after 78 s (32 % at 22 s), so a shorter limit or a looser gap costs most of
-       its value. Skipped when the placement uses one device.
+       its value. Skipped when the placement uses one device. ``mode`` is XEngine's model
+       (``exact`` MILP or ``intervals``, :mod:`xengine.intervals`).
 
     Candidates may exceed the budgets only if the caller checks; both kinds here fit.
     """
@@ -257,6 +259,7 @@ def start_candidates(
             inst,
             solver=solver,
             options=options,
+            mode=mode,
             placement=sp.placement,
             warm_start=sp.schedule if sp.fits else None,
             strategy="xengine.placed",

@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 MIB = 2**20
 MODES = ("train", "infer")
-FORMULATION_MODES = ("exact", "paper")
+FORMULATION_MODES = ("exact", "paper", "intervals")
 
 
 class ConfigError(ValueError):
@@ -897,6 +897,8 @@ def _solve(
         kwargs.update(solver=cfg.solver, options=cfg.solver_options)
     if name == "xengine":
         kwargs.update(mode=cfg.formulation, warm_start=warm)
+        if cfg.formulation == "intervals":  # a CP-SAT model; solver= is for the MILPs
+            kwargs["solver"] = "cpsat"
     if name == "lp_rounding":  # the LP runs under the same options (time limit, threads)
         kwargs.update(seed=cfg.seed, options=cfg.solver_options)
     if name == "checkmate":

@@ -12,7 +12,7 @@ from xengine.problem import Instance
 from xengine.result import StrategyResult
 from xengine.schedule import Schedule
 from xengine.simulate import ScheduleError, simulate
-from xengine.solvers import QUADRATIC_CAPABLE, SolverOptions, solve
+from xengine.solvers import QUADRATIC_CAPABLE, SolverOptions, SolverUnavailable, solve
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,10 @@ def solve_xengine(
     :mod:`xengine.distribute` turns a placement into a start for the full model.
     """
     options = options or SolverOptions()
+    if mode == "intervals":
+        return _solve_intervals(
+            inst, solver, options, warm_start, strategy, build_options, placement
+        )
     t0 = time.perf_counter()
     linearize = solver not in QUADRATIC_CAPABLE
     form = build(inst, mode=mode, linearize=linearize, **(build_options or {}))
@@ -140,6 +144,30 @@ def solve_xengine(
         time.perf_counter() - t0,
     )
     return res
+
+
+def _solve_intervals(inst, solver, options, warm_start, strategy, build_options, placement):
+    """``mode="intervals"``: the retention-interval model of :mod:`xengine.intervals`."""
+    from xengine.intervals import DEFAULT_MAX_COMPUTES, solve_intervals
+
+    if solver != "cpsat":
+        raise SolverUnavailable(
+            f"formulation=intervals is a CP-SAT model; solver={solver} cannot take it "
+            "(use solver=cpsat, or formulation=exact for the MILP)"
+        )
+    opts = dict(build_options or {})
+    max_computes = int(opts.pop("max_computes", DEFAULT_MAX_COMPUTES))
+    if opts:
+        raise ValueError(f"formulation=intervals has no option(s) {sorted(opts)}")
+    return solve_intervals(
+        inst,
+        options,
+        warm_start=warm_start,
+        max_computes=max_computes,
+        strategy=strategy,
+        progress=_progress_logger(strategy, 1.0),
+        placement=placement,
+    )
 
 
 def _restrict(form, placement: np.ndarray) -> None:

@@ -1,0 +1,558 @@
+"""The retention-interval model on OR-Tools CP-SAT, for one device or several (issue 5).
+
+Why a second model: the Checkmate / XEngine MILP (:mod:`xengine.formulation`) has D x n x n
+binaries for R and S alone, and its LP relaxation is what open-source MILP solvers spend their
+time on (shared/reference/solver-calibration.md: ResNet-50 gets no solution from HiGHS in
+600 s). MOCCASIN (Bartan et al., ICML 2023) writes the same single-device problem with
+O(n) interval variables on CP-SAT and solves the large graphs far faster. This module is our
+own version of that idea, written for xengine's semantics (DESIGN.md section 5) and extended
+to several devices with copies.
+
+Events. Stage ``t`` runs nodes ``v <= t`` in order; step ``(t, v)`` is the event
+``e(t, v) = t (t + 1) / 2 + v``, so events are totally ordered as the simulator replays them.
+
+Variables. Node ``v`` may be computed up to ``C`` times on each device ``d`` (``max_computes``;
+more if the warm start needs it). Computation ``k`` is an optional interval ``[start, end]`` of
+events: it is computed at ``start`` (an event ``e(t, v)``, ``t >= v``) and its output occupies
+``m_v`` bytes of ``d`` until ``end``. Exactly one computation of ``v`` is at ``e(v, v)`` (the
+frontier); computations on one device are ordered and disjoint.
+
+Reads. For every edge ``u -> w`` and every computation of ``w`` at event ``s`` on ``d``, exactly
+one computation of ``u`` *covers* it: it started before ``s`` and ends at ``s`` or later. A
+cover on another device is a copy (copyable edges only): its time is charged and ``m_u`` bytes
+sit on ``d`` during step ``s``. A copy is allowed only when no computation of ``u`` on ``d``
+covers ``s`` (the simulator copies only then), so the objective is the simulator's time at
+every feasible point, not only at the optimum.
+
+Memory. One cumulative constraint per device: outputs over their intervals, workspace and
+transient copies during their step, capacity = the device's budget.
+
+From intervals to a schedule. ``R`` comes from the starts. Residency ``S`` is derived from the
+*last read* ``L`` of each computation (not from ``end``, which may be longer): the output is
+kept into stage ``t`` when ``start < e(t, 0) <= L``. The simulator then frees the output after
+its last reader, so its memory is never above the model's; with ``end = L`` they are equal
+(tested via :func:`interval_peaks`).
+
+Two restrictions make the simulator's rules expressible; both are reported with every result:
+
+* at most ``C`` computations per (node, device);
+* (two or more devices) a node's output is never alive on two devices in one stage. The
+  simulator frees a tensor after its last reader *on any device*, which an interval on one
+  device cannot see; with this rule every reader in a stage reads the one live copy.
+
+A restricted model can miss the MILP's optimum. ``experiments/solver_benchmark.py`` compares
+the two on every suite instance and flags any difference.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from xengine.problem import Instance
+from xengine.result import StrategyResult
+from xengine.schedule import Schedule
+from xengine.simulate import ScheduleError, simulate
+from xengine.solvers.model import SolverOptions, SolverUnavailable, relative_gap
+
+log = logging.getLogger(__name__)
+
+TIME_UNIT_S = 1e-9
+"""Costs enter CP-SAT as integers in nanoseconds; the reported objective is recomputed in
+floating point from the solution, so rounding only affects the search, never a figure."""
+
+DEFAULT_MAX_COMPUTES = 2
+
+ProgressFn = Callable[[float, float | None, float | None], None]
+
+
+def event(t: int, v: int) -> int:
+    """Position of step ``(t, v)`` in the simulator's order."""
+    return t * (t + 1) // 2 + v
+
+
+@dataclass
+class _Iv:
+    """One optional computation of node ``v`` on device ``d`` and the interval of its output."""
+
+    v: int
+    d: int
+    k: int
+    pres: object
+    start: object
+    end: object
+    first: object | None = None  # k == 0: this is v's first computation (stage v)
+    stage: object | None = None  # stage of start (two or more devices)
+    end_stage: object | None = None
+    uses: list = field(default_factory=list)  # cover literals reading this computation
+
+
+@dataclass
+class _Cover:
+    """Computation ``src`` covers the read of edge ``u -> w`` by computation ``dst``."""
+
+    lit: object
+    src: _Iv
+    dst: _Iv
+    remote: bool
+
+
+@dataclass
+class IntervalSolution:
+    """What the solver chose, in plain numbers: per computation its device, node, start event
+    and last read event (``L``), and per read the covering computation."""
+
+    computations: list[tuple[int, int, int, int]]  # (d, v, start_event, last_read_event)
+    copies: list[tuple[int, int, int, int]]  # (src_device, dst_device, u, event)
+
+
+def stage_of_event(n: int) -> np.ndarray:
+    """(H,) stage of each event, H = n (n + 1) / 2."""
+    return np.repeat(np.arange(n), np.arange(1, n + 1))
+
+
+def schedule_from(inst: Instance, sol: IntervalSolution) -> Schedule:
+    """R from the starts; S from start to the last read (module docstring)."""
+    n, D = inst.size, inst.n_devices
+    stage = stage_of_event(n)
+    R = np.zeros((D, n, n), dtype=bool)
+    S = np.zeros((D, n, n), dtype=bool)
+    for d, v, s, last in sol.computations:
+        t0, t1 = int(stage[s]), int(stage[last])
+        R[d, t0, v] = True
+        if t1 > t0:
+            S[d, t0 + 1 : t1 + 1, v] = True
+    return Schedule(inst.devices, R, S)
+
+
+def interval_peaks(inst: Instance, sol: IntervalSolution) -> np.ndarray:
+    """Per-device peak of the model's memory with every interval ending at its last read.
+
+    Computed on the event axis, independently of the simulator: the test that the two agree
+    is the check that the interval semantics above are the simulator's.
+    """
+    g = inst.graph
+    n, D = inst.size, inst.n_devices
+    H = n * (n + 1) // 2
+    m, w = g.output_bytes, g.workspace_bytes
+    diff = np.zeros((D, H + 1), dtype=np.int64)
+    point = np.zeros((D, H), dtype=np.int64)
+    for d, v, s, last in sol.computations:
+        diff[d, s] += m[v]
+        diff[d, last + 1] -= m[v]
+        point[d, s] += w[v]
+    for _src, dst, u, s in sol.copies:
+        point[dst, s] += m[u]
+    mem = np.cumsum(diff[:, :H], axis=1) + point
+    return mem.max(axis=1) if H else np.zeros(D, dtype=np.int64)
+
+
+def _replay(inst: Instance, sched: Schedule):
+    """A valid schedule as computations: per (d, v) the list of [stage, last read event], and
+    per read (t, w, d, u) the (device, index) of the computation it reads."""
+    sim = simulate(inst, sched, check_budget=False)
+    comps: dict[tuple[int, int], list[list[int]]] = {}
+    reads: dict[tuple[int, int, int, int], tuple[int, int]] = {}
+    pending: dict[int, int] = {}  # u -> source device of a copy for the next compute
+    for op in sim.ops:
+        if op.kind == "copy":
+            pending[op.node] = op.src_device
+        elif op.kind == "compute":
+            t, w, d = op.stage, op.node, op.device
+            s = event(t, w)
+            for e in inst.graph.in_edges[w]:
+                u = e.src
+                src = pending.get(u, d)
+                j = len(comps[(src, u)]) - 1
+                comps[(src, u)][j][1] = max(comps[(src, u)][j][1], s)
+                reads[(t, w, d, u)] = (src, j)
+            pending = {}
+            comps.setdefault((d, w), []).append([t, s])
+    return comps, reads
+
+
+def solve_intervals(
+    inst: Instance,
+    options: SolverOptions | None = None,
+    warm_start: Schedule | None = None,
+    max_computes: int = DEFAULT_MAX_COMPUTES,
+    strategy: str = "xengine",
+    progress: ProgressFn | None = None,
+    placement: np.ndarray | None = None,
+) -> StrategyResult:
+    """Solve ``inst`` with the retention-interval model on CP-SAT (module docstring).
+
+    Same result type and the same simulator check as :func:`xengine.solve.solve_xengine`;
+    ``objective_s`` is the model's time of the returned solution and ``model_peak_bytes`` the
+    model's memory with tight intervals (:func:`interval_peaks`), which must equal the
+    simulator's. ``extra["restriction"]`` states what the model cannot express.
+    ``placement`` (a device index per node, -1 = free) computes and keeps each node on its
+    device only, as in :func:`xengine.solve.solve_xengine`.
+    """
+    try:
+        from ortools.sat.python import cp_model
+    except ImportError as exc:
+        raise SolverUnavailable(
+            "formulation=intervals needs the 'ortools' package: pip install ortools"
+        ) from exc
+    if max_computes < 1:
+        raise ValueError(f"max_computes must be at least 1, not {max_computes}")
+    options = options or SolverOptions()
+    t_build = time.perf_counter()
+    g = inst.graph
+    n, D = inst.size, inst.n_devices
+    m = g.output_bytes
+    w = g.workspace_bytes
+    cost = inst.compute_s
+    copy = inst.copy_s
+    budgets = inst.budgets
+    succ = g.successors
+
+    restriction = f"at most {max_computes} computations per node and device"
+    if D > 1:
+        restriction += "; a node's output is on one device at a time within a stage"
+    res = StrategyResult(
+        strategy=strategy,
+        devices=inst.devices,
+        budget_bytes=inst.budget_bytes,
+        status="error",
+        solver="cpsat",
+        extra={"mode": "intervals", "restriction": restriction, "max_computes": max_computes},
+    )
+    footprint = g.node_lower_bound_bytes()
+    can_run = footprint[None, :] <= budgets[:, None]  # (D, n)
+    blocked = np.flatnonzero(~can_run.any(axis=0))
+    if blocked.size:
+        v = int(blocked[np.argmax(footprint[blocked])])
+        res.status = "infeasible"
+        res.message = (
+            f"infeasible: node {g.nodes[v].name} needs {int(footprint[v])} bytes (inputs + "
+            "output + workspace) on one device, more than any device's budget; every budget "
+            f"must be at least {int(footprint[v])} bytes"
+        )
+        res.extra["min_budget_lower_bound_bytes"] = int(footprint[v])
+        return res
+
+    # how many computations each (device, node) may have
+    n_comp = np.full((D, n), max_computes, dtype=np.int64)
+    hint = None
+    if warm_start is not None:
+        try:
+            hint = _replay(inst, warm_start)
+        except ScheduleError as exc:
+            log.warning("warm start is not a valid schedule (%s); not used", exc)
+        else:
+            for (d, v), lst in hint[0].items():
+                n_comp[d, v] = max(n_comp[d, v], len(lst))
+    n_comp = np.minimum(n_comp, (n - np.arange(n))[None, :])  # one per stage t >= v
+    for v in range(n):
+        if not succ[v]:
+            n_comp[:, v] = np.minimum(n_comp[:, v], 1)  # never read: computed once, at stage v
+    n_comp[~can_run] = 0
+    if placement is not None:
+        placement = np.asarray(placement, dtype=np.int64)
+        if placement.shape != (n,) or placement.min() < -1 or placement.max() >= D:
+            raise ValueError(
+                f"placement needs one device index in 0..{D - 1} (or -1: free) for each of "
+                f"{n} nodes"
+            )
+        other = (np.arange(D)[:, None] != placement[None, :]) & (placement[None, :] >= 0)
+        n_comp[other] = 0
+        if not (n_comp[:, np.arange(n)] > 0).any(axis=0).all():
+            v = int(np.flatnonzero(~(n_comp > 0).any(axis=0))[0])
+            raise ValueError(f"placement puts node {v} on a device whose budget cannot run it")
+
+    H = n * (n + 1) // 2
+    tri = [t * (t + 1) // 2 for t in range(n)]
+    mdl = cp_model.CpModel()
+    Domain = cp_model.Domain
+    ivs: dict[tuple[int, int], list[_Iv]] = {}
+    demands: list[list[tuple[object, int]]] = [[] for _ in range(D)]
+    obj_terms: list[tuple[object, int]] = []
+    cost_ns = np.rint(cost / TIME_UNIT_S).astype(np.int64)
+    copy_ns = np.rint(copy / TIME_UNIT_S).astype(np.int64)
+
+    for v in range(n):
+        firsts = []
+        for d in range(D):
+            lst: list[_Iv] = []
+            for k in range(int(n_comp[d, v])):
+                lo_stage = v if k == 0 else v + 1
+                name = f"{v}_{d}_{k}"
+                pres = mdl.new_bool_var(f"p{name}")
+                start = mdl.new_int_var_from_domain(
+                    Domain.from_values([tri[t] + v for t in range(lo_stage, n)]), f"s{name}"
+                )
+                end = mdl.new_int_var(tri[lo_stage] + v, H - 1, f"e{name}")
+                mdl.add(end >= start)
+                size = mdl.new_int_var(1, H, f"z{name}")
+                itv = mdl.new_optional_interval_var(start, size, end + 1, pres, f"i{name}")
+                demands[d].append((itv, int(m[v])))
+                if w[v] > 0:
+                    demands[d].append(
+                        (
+                            mdl.new_optional_fixed_size_interval_var(start, 1, pres, f"w{name}"),
+                            int(w[v]),
+                        )
+                    )
+                iv = _Iv(v, d, k, pres, start, end)
+                # an absent computation sits at its earliest place (no symmetric copies)
+                rest = tri[lo_stage] + v if (k or v + 1 == n) else tri[v + 1] + v
+                mdl.add(start == rest).only_enforce_if(pres.Not())
+                mdl.add(end == start).only_enforce_if(pres.Not())
+                if not succ[v]:
+                    mdl.add(end == start)
+                if k == 0:
+                    iv.first = mdl.new_bool_var(f"f{name}")
+                    mdl.add_implication(iv.first, pres)
+                    mdl.add(start == tri[v] + v).only_enforce_if(iv.first)
+                    if v + 1 < n:
+                        mdl.add(start >= tri[v + 1] + v).only_enforce_if(iv.first.Not())
+                    else:
+                        mdl.add_implication(pres, iv.first)
+                    firsts.append(iv.first)
+                else:
+                    prev = lst[-1]
+                    mdl.add_implication(pres, prev.pres)
+                    mdl.add(start >= prev.end + 1).only_enforce_if(pres)
+                obj_terms.append((pres, int(cost_ns[d, v])))
+                lst.append(iv)
+            ivs[(d, v)] = lst
+        mdl.add_exactly_one(firsts)
+
+    # two or more devices: a node's computations never share a stage (module docstring)
+    if D > 1:
+        stage_table = [tri[t] for t in range(n)]
+        for v in range(n):
+            all_v = [iv for d in range(D) for iv in ivs[(d, v)]]
+            if len({iv.d for iv in all_v}) < 2:
+                continue
+            ext = []
+            for iv in all_v:
+                name = f"{v}_{iv.d}_{iv.k}"
+                iv.stage = mdl.new_int_var(v, n - 1, f"st{name}")
+                # start = tri[stage] + v
+                tri_s = mdl.new_int_var(0, H, f"ts{name}")
+                mdl.add_element(iv.stage, stage_table, tri_s)
+                mdl.add(iv.start == tri_s + v)
+                iv.end_stage = mdl.new_int_var(v, n - 1, f"se{name}")
+                tri_e = mdl.new_int_var(0, H, f"te{name}")
+                mdl.add_element(iv.end_stage, stage_table, tri_e)
+                mdl.add(iv.end >= tri_e)
+                mdl.add(iv.end <= tri_e + iv.end_stage)
+                span = mdl.new_int_var(1, n, f"sp{name}")
+                ext.append(
+                    mdl.new_optional_interval_var(
+                        iv.stage, span, iv.end_stage + 1, iv.pres, f"x{name}"
+                    )
+                )
+            mdl.add_no_overlap(ext)
+
+    # reads: exactly one computation of u covers each computation of w
+    covers: list[_Cover] = []
+    for e in g.edges:
+        u, wv = e.src, e.dst
+        for d in range(D):
+            for dst in ivs[(d, wv)]:
+                lits = []
+                remote_lits = []
+                for d2 in range(D):
+                    if d2 != d and not e.copyable:
+                        continue
+                    for src in ivs[(d2, u)]:
+                        b = mdl.new_bool_var(f"c{u}_{d2}_{src.k}>{wv}_{d}_{dst.k}")
+                        mdl.add_implication(b, src.pres)
+                        mdl.add(src.start + 1 <= dst.start).only_enforce_if(b)
+                        mdl.add(src.end >= dst.start).only_enforce_if(b)
+                        src.uses.append(b)
+                        cov = _Cover(b, src, dst, d2 != d)
+                        covers.append(cov)
+                        lits.append(b)
+                        if d2 != d:
+                            remote_lits.append(b)
+                            obj_terms.append((b, int(copy_ns[d2, d, u])))
+                            demands[d].append(
+                                (
+                                    mdl.new_optional_fixed_size_interval_var(
+                                        dst.start, 1, b, f"t{u}>{wv}_{d}_{dst.k}_{d2}_{src.k}"
+                                    ),
+                                    int(m[u]),
+                                )
+                            )
+                mdl.add(sum(lits) == dst.pres)
+                local = ivs[(d, u)]
+                if remote_lits and local:
+                    # a copy only when no computation of u on d covers the read
+                    c = mdl.new_bool_var(f"r{u}>{wv}_{d}_{dst.k}")
+                    mdl.add(sum(remote_lits) == c)
+                    for src in local:
+                        a1 = mdl.new_bool_var("")
+                        a2 = mdl.new_bool_var("")
+                        mdl.add_bool_or([c.Not(), src.pres.Not(), a1, a2])
+                        mdl.add(src.start >= dst.start + 1).only_enforce_if(a1)
+                        mdl.add(src.end <= dst.start - 1).only_enforce_if(a2)
+
+    # every computation but a node's first is read at least once (an unread output would stay
+    # until the end of its stage in the simulator, longer than its interval says)
+    for lst in ivs.values():
+        for iv in lst:
+            if not succ[iv.v]:
+                continue
+            escape = [iv.pres.Not()] + ([iv.first] if iv.first is not None else [])
+            mdl.add_bool_or(iv.uses + escape)
+
+    for d in range(D):
+        if demands[d]:
+            mdl.add_cumulative(
+                [itv for itv, _ in demands[d]], [dem for _, dem in demands[d]], int(budgets[d])
+            )
+    mdl.minimize(sum(c * lit for lit, c in obj_terms if c))
+
+    if hint is not None:
+        _add_hint(mdl, inst, ivs, covers, hint)
+
+    build_s = time.perf_counter() - t_build
+    proto = mdl.proto
+    res.build_time_s = build_s
+    res.n_vars = len(proto.variables)
+    res.n_rows = len(proto.constraints)
+    res.n_integer = res.n_vars
+    log.info(
+        "%s: interval model, %d variables, %d constraints, built in %.2f s",
+        strategy,
+        res.n_vars,
+        res.n_rows,
+        build_s,
+    )
+
+    solver = cp_model.CpSolver()
+    p = solver.parameters
+    if options.time_limit_s is not None:
+        p.max_time_in_seconds = float(options.time_limit_s)
+    p.relative_gap_limit = float(options.rel_gap)
+    if options.threads:
+        p.num_workers = int(options.threads)
+    p.random_seed = int(options.seed)
+    p.log_search_progress = bool(options.verbose)
+
+    t0 = time.perf_counter()
+    first: list[float] = []
+
+    class _Cb(cp_model.CpSolverSolutionCallback):
+        def on_solution_callback(self) -> None:
+            el = time.perf_counter() - t0
+            if not first:
+                first.append(el)
+            if progress is not None:
+                progress(
+                    el,
+                    float(self.objective_value) * TIME_UNIT_S,
+                    float(self.best_objective_bound) * TIME_UNIT_S,
+                )
+
+    code = solver.solve(mdl, _Cb())
+    res.solve_time_s = time.perf_counter() - t0
+    name = solver.status_name(code)
+    res.extra["time_to_first_s"] = first[0] if first else None
+    res.extra["n_branches"] = int(solver.num_branches)
+    if name not in ("OPTIMAL", "FEASIBLE"):
+        if name == "INFEASIBLE":
+            res.status = "no_solution"
+            res.message = (
+                f"the interval model has no schedule within the budgets ({restriction}); "
+                "formulation=exact decides whether one exists"
+            )
+        elif name == "UNKNOWN":
+            res.status = "no_solution"
+            res.message = f"no schedule found in {res.solve_time_s:.1f} s"
+        else:
+            res.status = "error"
+            res.message = f"CP-SAT status {name}"
+        log.info("%s: %s after %.1f s", strategy, res.status, res.solve_time_s)
+        return res
+
+    computations = []
+    copies = []
+    objective = 0.0
+    for (d, v), lst in ivs.items():
+        for iv in lst:
+            if not solver.boolean_value(iv.pres):
+                continue
+            s = int(solver.value(iv.start))
+            computations.append([d, v, s, s])  # last read: raised below from the covers
+            objective += float(cost[d, v])
+    index = {(c[0], c[1], c[2]): c for c in computations}
+    for cov in covers:
+        if not solver.boolean_value(cov.lit):
+            continue
+        s_read = int(solver.value(cov.dst.start))
+        src = index[(cov.src.d, cov.src.v, int(solver.value(cov.src.start)))]
+        src[3] = max(src[3], s_read)
+        if cov.remote:
+            copies.append((cov.src.d, cov.dst.d, cov.src.v, s_read))
+            objective += float(copy[cov.src.d, cov.dst.d, cov.src.v])
+    sol = IntervalSolution([tuple(c) for c in computations], copies)
+    res.status = "optimal" if name == "OPTIMAL" else "feasible"
+    res.objective_s = objective
+    res.best_bound_s = float(solver.best_objective_bound) * TIME_UNIT_S
+    res.gap = relative_gap(float(solver.objective_value), float(solver.best_objective_bound))
+    res.model_peak_bytes = interval_peaks(inst, sol)
+    sched = schedule_from(inst, sol)
+    try:
+        sim = simulate(inst, sched, check_budget=False)
+    except ScheduleError as exc:
+        res.status = "error"
+        res.message = f"interval-model schedule rejected by the simulator: {exc}"
+        log.error("%s: %s", strategy, res.message)
+        return res
+    res.schedule = sched
+    res.sim = sim
+    if sim.violations:
+        res.status = "error"
+        res.message = f"over budget in the simulator: {sim.violations[0]}"
+    log.info(
+        "%s: %s, objective %.6g s (simulator %.6g s), gap %s, %.1f s",
+        strategy,
+        res.status,
+        res.objective_s,
+        sim.time_s,
+        "-" if res.gap is None else f"{100 * res.gap:.3f}%",
+        res.solve_time_s,
+    )
+    return res
+
+
+def _add_hint(mdl, inst: Instance, ivs, covers: list[_Cover], hint) -> None:
+    """Hint the solver with a valid schedule (every variable the model has a value for)."""
+    comps, reads = hint
+    n = inst.size
+    stage = stage_of_event(n)
+    value: dict[tuple[int, int, int], tuple[int, int]] = {}  # (d, v, k) -> (start, end)
+    for (d, v), lst in comps.items():
+        for k, (t, last) in enumerate(lst):
+            value[(d, v, k)] = (event(t, v), max(last, event(t, v)))
+    for (d, v), lst in ivs.items():
+        for iv in lst:
+            got = value.get((d, v, iv.k))
+            mdl.add_hint(iv.pres, got is not None)
+            if got is None:
+                continue
+            mdl.add_hint(iv.start, got[0])
+            mdl.add_hint(iv.end, got[1])
+            if iv.first is not None:
+                mdl.add_hint(iv.first, int(stage[got[0]]) == v)
+            if iv.stage is not None:
+                mdl.add_hint(iv.stage, int(stage[got[0]]))
+                mdl.add_hint(iv.end_stage, int(stage[got[1]]))
+    chosen = set()
+    for (t, wv, d, u), (src_d, j) in reads.items():
+        chosen.add((u, src_d, j, wv, d, event(t, wv)))
+    for cov in covers:
+        src, dst = cov.src, cov.dst
+        got = value.get((dst.d, dst.v, dst.k))
+        on = got is not None and (src.v, src.d, src.k, dst.v, dst.d, got[0]) in chosen
+        mdl.add_hint(cov.lit, on)
