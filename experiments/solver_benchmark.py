@@ -55,8 +55,11 @@ FORMULATIONS: dict[str, dict] = {
     "default": {},
     "reference": {"reference": True},
     "tight": {"free_rows": "tight"},
+    "intervals": {},
 }
-"""Name -> keyword arguments of :func:`xengine.formulation.build`."""
+"""Name -> keyword arguments of :func:`xengine.formulation.build`. ``intervals`` is the
+retention-interval model of :mod:`xengine.intervals`; it always runs on CP-SAT (its rows say
+``solver=cpsat``) and is compared with the MILP rows of the same instance."""
 
 BUDGETS = (("90%", 0.9), ("70%", 0.7), ("50%", 0.5), ("min", None))
 NETS = ("vgg16", "resnet18", "mobilenet_v2", "resnet50")
@@ -235,6 +238,9 @@ def run_one(
     g = case.graph
     inst = Instance(g, case.devices, tuple([budget[1]] * len(case.devices)))
     bopts = FORMULATIONS[formulation]
+    mode = "intervals" if formulation == "intervals" else "exact"
+    if mode == "intervals":
+        solver = "cpsat"
     row = {
         "suite": case.suite,
         "graph": g.name,
@@ -265,7 +271,7 @@ def run_one(
                 res = best_fitting(run_heuristics(inst.only_device(d, total)))
                 if res is not None:
                     singles.append((f"{res.strategy} on {inst.devices[d]}", res.schedule))
-            for label, sched in start_candidates(inst, singles, solver, options):
+            for label, sched in start_candidates(inst, singles, solver, options, mode=mode):
                 t_s = simulate(inst, sched).time_s
                 if x0 is None or t_s < row["warm_start_s"]:
                     x0, row["warm_start"], row["warm_start_s"] = sched, label, t_s
@@ -273,7 +279,7 @@ def run_one(
     t0 = time.perf_counter()
     try:
         res = solve_xengine(
-            inst, solver=solver, options=options, warm_start=x0, build_options=bopts
+            inst, solver=solver, mode=mode, options=options, warm_start=x0, build_options=bopts
         )
     except SolverUnavailable as exc:
         row.update(status="unavailable", note=str(exc).splitlines()[0])
@@ -306,7 +312,9 @@ def run_one(
             log.error("%s %s: %s", g.name, formulation, row["note"])
     elif res.status == "error":
         row["note"] = res.message[:200]
-    if with_lp and res.status in ("optimal", "feasible", "no_solution"):
+    if mode == "intervals":  # solved inside solve_intervals, its time is in solve_s
+        row["lp_bound_s"] = res.extra.get("lp_bound_s")
+    elif with_lp and res.status in ("optimal", "feasible", "no_solution"):
         row["lp_bound_s"] = lp_bound(inst, bopts, options)
     if with_rounding and inst.n_devices == 1 and res.status in ("optimal", "feasible"):
         # Checkmate's LP rounding on the same instance: how far from the (best known) optimum
@@ -333,10 +341,14 @@ def run_one(
     return row
 
 
+def _label(r: dict) -> str:
+    return f"{r['solver']}/{r['formulation']}"
+
+
 def cross_check(rows: list[dict]) -> list[dict]:
     """Bug rows for formulations of one instance whose optima disagree."""
     bugs = []
-    key = ("graph", "n_devices", "budget", "solver", "repeat")
+    key = ("graph", "n_devices", "budget", "repeat")  # every solver and formulation
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault(tuple(r[k] for k in key), []).append(r)
@@ -351,13 +363,13 @@ def cross_check(rows: list[dict]) -> list[dict]:
             if worst - best > REL_TOL * max(1.0, abs(best)):
                 msgs.append(
                     "optima differ: "
-                    + ", ".join(f"{r['formulation']}={r['objective_s']:.9g}" for r in opt)
+                    + ", ".join(f"{_label(r)}={r['objective_s']:.9g}" for r in opt)
                 )
             below = [r for r in inc if r["objective_s"] < best - REL_TOL * max(1.0, abs(best))]
             if below:
                 msgs.append(
                     "incumbent below a proven optimum: "
-                    + ", ".join(f"{r['formulation']}={r['objective_s']:.9g}" for r in below)
+                    + ", ".join(f"{_label(r)}={r['objective_s']:.9g}" for r in below)
                 )
         if "infeasible" in statuses and inc:
             msgs.append("one formulation proves infeasible while another has a schedule")
@@ -365,7 +377,7 @@ def cross_check(rows: list[dict]) -> list[dict]:
             log.error("BUG %s: %s", k, m)
             bug = {f: "" for f in FIELDS}
             bug.update(dict(zip(key, k, strict=True)))
-            bug.update(formulation="*", status="bug", note=m, suite=rs[0]["suite"])
+            bug.update(solver="*", formulation="*", status="bug", note=m, suite=rs[0]["suite"])
             bugs.append(bug)
     return bugs
 
@@ -388,7 +400,7 @@ def plot(rows: list[dict], path: Path, time_limit_s: float | None) -> None:
 
     solved = [r for r in rows if r["status"] in ("optimal", "feasible", "no_solution")]
     fig, (ax_t, ax_g) = plt.subplots(1, 2, figsize=(12, 4.8))
-    markers = {"default": "o", "reference": "s", "tight": "^"}
+    markers = {"default": "o", "reference": "s", "tight": "^", "intervals": "D"}
     combos = sorted({(r["solver"], r["formulation"]) for r in solved})
     for i, (solver, form) in enumerate(combos):
         rs = [r for r in solved if r["solver"] == solver and r["formulation"] == form]
@@ -429,19 +441,28 @@ def plot(rows: list[dict], path: Path, time_limit_s: float | None) -> None:
 
 
 def summary(rows: list[dict], formulations: list[str]) -> str:
-    """Per instance: median solve time per formulation, status, and reference/other ratios."""
-    base = "default" if "default" in formulations else formulations[0]
-    others = [f for f in formulations if f != base]
-    key = ("graph", "n_nodes", "n_devices", "budget", "solver")
+    """Per instance: median solve time per (solver, formulation), status, and the ratio of
+    each to the first column (``default`` when it runs)."""
+    rows = [r for r in rows if r["status"] not in ("bug", "unavailable")]
+    milp_solvers = sorted({r["solver"] for r in rows if r["formulation"] != "intervals"})
+
+    def col(r: dict) -> str:
+        if r["formulation"] == "intervals" or len(milp_solvers) <= 1:
+            return r["formulation"]
+        return f"{r['solver']}/{r['formulation']}"
+
+    order = {f: i for i, f in enumerate(formulations)}
+    cols = sorted({col(r) for r in rows}, key=lambda c: (order.get(c.split("/")[-1], 99), c))
+    base = next((c for c in cols if c.split("/")[-1] == "default"), cols[0] if cols else "")
+    others = [c for c in cols if c != base]
+    key = ("graph", "n_nodes", "n_devices", "budget")
     groups: dict[tuple, dict[str, list[dict]]] = {}
     for r in rows:
-        if r["status"] in ("bug", "unavailable"):
-            continue
-        groups.setdefault(tuple(r[k] for k in key), {}).setdefault(r["formulation"], []).append(r)
-    head = ["graph", "n", "D", "budget", "solver"]
-    for f in formulations:
-        head += [f"{f} s", f"{f} st"]
-    head += [f"{f}/{base}" for f in others]
+        groups.setdefault(tuple(r[k] for k in key), {}).setdefault(col(r), []).append(r)
+    head = ["graph", "n", "D", "budget"]
+    for c in cols:
+        head += [f"{c} s", f"{c} st"]
+    head += [f"{c}/{base}" for c in others]
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
 
     def med(rs: list[dict]) -> float | None:
@@ -449,17 +470,17 @@ def summary(rows: list[dict], formulations: list[str]) -> str:
         return statistics.median(ts) if ts else None
 
     for k, by in groups.items():
-        cells = [str(k[0]), str(k[1]), str(k[2]), str(k[3]), str(k[4])]
+        cells = [str(x) for x in k]
         meds = {}
-        for f in formulations:
-            rs = by.get(f, [])
-            meds[f] = med(rs)
+        for c in cols:
+            rs = by.get(c, [])
+            meds[c] = med(rs)
             st = rs[0]["status"] if rs else "-"
             if st == "feasible" and rs[0].get("gap") not in (None, ""):
                 st = f"gap {100 * rs[0]['gap']:.2f}%"
-            cells += ["-" if meds[f] is None else f"{meds[f]:.2f}", st]
-        for f in others:
-            a, b = meds.get(f), meds.get(base)
+            cells += ["-" if meds[c] is None else f"{meds[c]:.2f}", st]
+        for c in others:
+            a, b = meds.get(c), meds.get(base)
             cells.append("-" if not a or not b else f"{a / b:.2f}")
         lines.append(" | ".join(cells))
     return "\n".join(lines)

@@ -187,6 +187,26 @@ def _restrict(form, placement: np.ndarray) -> None:
     form.model.ub = ub
 
 
+def lp_bound_s(inst: Instance, options: SolverOptions | None = None) -> float | None:
+    """Lower bound on any schedule's time: the LP relaxation of the exact model (HiGHS).
+
+    Valid for every formulation of the same instance, restricted ones included (their optima
+    are never below the exact model's). ``None`` when the LP is not solved within
+    ``options.time_limit_s`` or a node cannot run on any device.
+    """
+    options = options or SolverOptions()
+    form = build(inst, mode="exact")
+    if form.blocked is not None:
+        return None
+    relax = SolverOptions(
+        time_limit_s=options.time_limit_s, threads=options.threads, seed=options.seed, relax=True
+    )
+    sr = solve(form.model, "highs", relax)
+    if sr.status != "optimal" or sr.objective is None:
+        return None
+    return float(sr.objective) * form.time_scale
+
+
 def agree(res: StrategyResult, rel_tol: float = 1e-6) -> bool:
     """Whether the model's objective and per-device peak equal the simulator's (exact mode)."""
     if res.sim is None or res.objective_s is None or res.model_peak_bytes is None:
