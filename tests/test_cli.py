@@ -35,7 +35,7 @@ from xengine.problem import Instance
 from xengine.result import StrategyResult
 from xengine.schedule import Schedule
 from xengine.simulate import simulate
-from xengine.solvers import SolverUnavailable
+from xengine.solvers import SolverOptions, SolverUnavailable
 from xengine.tracking import flatten_config, resolve_tracking_uri
 from xengine.units import MemorySpecError
 
@@ -406,6 +406,31 @@ def test_several_devices_follow_the_papers_protocol(tmp_path):
     assert rec.tags_["xe.infeasible_single"] == "none"
     assert "xengine/predicted_peak_mib.cuda" in rec.metrics_
     assert by["xengine"].predicted_peak_bytes[1] <= 4 * MIB
+
+
+def test_intervals_formulation_gives_xengine_the_exact_models_optimum(tmp_path):
+    """formulation=intervals: XEngine runs on CP-SAT's interval model while Checkmate keeps
+    the run's MILP solver; its schedule is never below the exact model's optimum and never
+    above the start it was given."""
+    path = tmp_path / "two.json"
+    save_graph(_chain_graph(devices=("cpu", "cuda")), path)
+    base = dict(
+        graph_path=str(path),
+        devices=("cpu", "cuda"),
+        mem={"all": "5MiB", "cuda": "4MiB"},
+        strategies=("checkmate",),
+        solver_options=SolverOptions(time_limit_s=10),
+    )
+    by = {}
+    for form in ("exact", "intervals"):
+        rows = run_pipeline(RunConfig(**base, formulation=form), Recorder())
+        by[form] = {r.label: r for r in rows}
+    iv, ex = by["intervals"]["xengine"].result, by["exact"]["xengine"].result
+    assert iv.solver == "cpsat" and iv.extra["mode"] == "intervals"
+    assert by["intervals"]["checkmate.cpu"].result.solver == "highs"
+    assert ex.status == "optimal" and iv.status in ("optimal", "feasible")
+    assert iv.sim.within_budget
+    assert iv.sim.time_s >= ex.sim.time_s - 1e-9
 
 
 def test_protocol_lists_single_device_schedules_that_do_not_fit(tmp_path):

@@ -475,8 +475,14 @@ def solve_intervals(
     name = solver.status_name(code)
     res.extra["time_to_first_s"] = first[0] if first else None
     res.extra["n_branches"] = int(solver.num_branches)
+    # the model is the whole problem only with one device and a computation per later stage
+    exact = D == 1 and bool((n_comp[:, can_run[0]] >= (n - np.arange(n))[can_run[0]]).all())
+    res.extra["restricted"] = not exact
     if name not in ("OPTIMAL", "FEASIBLE"):
-        if name == "INFEASIBLE":
+        if name == "INFEASIBLE" and exact:
+            res.status = "infeasible"
+            res.message = "no schedule fits the budget"
+        elif name == "INFEASIBLE":
             res.status = "no_solution"
             res.message = (
                 f"the interval model has no schedule within the budgets ({restriction}); "
@@ -512,13 +518,27 @@ def solve_intervals(
             copies.append((cov.src.d, cov.dst.d, cov.src.v, s_read))
             objective += float(copy[cov.src.d, cov.dst.d, cov.src.v])
     sol = IntervalSolution([tuple(c) for c in computations], copies)
-    res.status = "optimal" if name == "OPTIMAL" else "feasible"
     res.objective_s = objective
-    bound_s = float(solver.best_objective_bound) * TIME_UNIT_S
-    if res.extra.get("lp_bound_s") is not None:
-        bound_s = max(bound_s, res.extra["lp_bound_s"])
-    res.best_bound_s = min(bound_s, objective)
-    res.gap = relative_gap(objective, res.best_bound_s)
+    # CP-SAT's own bound holds for the restricted model only; reported bounds hold for the
+    # whole problem: the LP bound, and CP-SAT's when the model is unrestricted
+    bounds = [res.extra.get("lp_bound_s")]
+    if exact:
+        bounds.append(float(solver.best_objective_bound) * TIME_UNIT_S)
+    bounds = [b for b in bounds if b is not None]
+    res.best_bound_s = min(max(bounds), objective) if bounds else None
+    res.gap = relative_gap(objective, res.best_bound_s) if bounds else None
+    # CP-SAT's OPTIMAL is about the restricted model; it is the problem's optimum only when
+    # the model is unrestricted or a bound valid for the whole problem (the LP's) meets it
+    res.status = "feasible"
+    if name == "OPTIMAL":
+        res.extra["restricted_optimal"] = True
+        if not exact and (res.gap is None or res.gap > options.rel_gap):
+            res.message = f"optimal within the interval model ({restriction})" + (
+                "" if res.gap is None else f"; {100 * res.gap:.2f} % above the LP bound"
+            )
+        else:
+            res.status = "optimal"
+
     res.model_peak_bytes = interval_peaks(inst, sol)
     sched = schedule_from(inst, sol)
     try:
