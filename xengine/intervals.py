@@ -267,7 +267,7 @@ def solve_intervals(
             )
         other = (np.arange(D)[:, None] != placement[None, :]) & (placement[None, :] >= 0)
         n_comp[other] = 0
-        if not (n_comp[:, np.arange(n)] > 0).any(axis=0).all():
+        if not (n_comp > 0).any(axis=0).all():
             v = int(np.flatnonzero(~(n_comp > 0).any(axis=0))[0])
             raise ValueError(f"placement puts node {v} on a device whose budget cannot run it")
 
@@ -476,7 +476,9 @@ def solve_intervals(
     res.extra["time_to_first_s"] = first[0] if first else None
     res.extra["n_branches"] = int(solver.num_branches)
     # the model is the whole problem only with one device and a computation per later stage
-    exact = D == 1 and bool((n_comp[:, can_run[0]] >= (n - np.arange(n))[can_run[0]]).all())
+    # (a node nobody reads needs one computation; any other one per stage from its own on)
+    most_useful = np.where([bool(x) for x in succ], n - np.arange(n), 1)
+    exact = D == 1 and bool((n_comp[0] >= most_useful).all())
     res.extra["restricted"] = not exact
     if name not in ("OPTIMAL", "FEASIBLE"):
         if name == "INFEASIBLE" and exact:
