@@ -196,6 +196,7 @@ def run_config_from(cfg: DictConfig) -> RunConfig:
                 seed=int(s.seed),
             ),
             formulation=str(cfg.formulation),
+            max_computes=int(cfg.get("max_computes", 2)),
             strategies=_as_tuple(cfg.strategy),
             execute=bool(cfg.execute),
             n_steps=int(cfg.n_steps),

@@ -146,6 +146,7 @@ def test_budget_error_names_the_smallest_budget(graph_file):
         (RunConfig(solver="nosuch"), SolverUnavailable),
         (RunConfig(n_steps=0), ConfigError),
         (RunConfig(formulation="fast"), ConfigError),
+        (RunConfig(formulation="intervals", max_computes=0), ConfigError),
     ],
 )
 def test_config_validation(cfg, error):

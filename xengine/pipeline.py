@@ -109,6 +109,7 @@ class RunConfig:
     solver: str = "highs"
     solver_options: SolverOptions = field(default_factory=SolverOptions)
     formulation: str = "exact"
+    max_computes: int = 2  # formulation=intervals: computations per node and device
     strategies: tuple[str, ...] = DEFAULT_STRATEGIES
     execute: bool = True
     n_steps: int = 5
@@ -212,6 +213,8 @@ class RunConfig:
             raise ConfigError(
                 f"formulation={self.formulation!r} is not one of {', '.join(FORMULATION_MODES)}"
             )
+        if self.max_computes < 1:
+            raise ConfigError(f"max_computes={self.max_computes} must be at least 1")
         opts = self.solver_options
         if opts.time_limit_s is not None and opts.time_limit_s <= 0:
             raise ConfigError(f"solver.time_limit_s={opts.time_limit_s} must be positive (or null)")
@@ -899,6 +902,7 @@ def _solve(
         kwargs.update(mode=cfg.formulation, warm_start=warm)
         if cfg.formulation == "intervals":  # a CP-SAT model; solver= is for the MILPs
             kwargs["solver"] = "cpsat"
+            kwargs["build_options"] = {"max_computes": cfg.max_computes}
     if name == "lp_rounding":  # the LP runs under the same options (time limit, threads)
         kwargs.update(seed=cfg.seed, options=cfg.solver_options)
     if name == "checkmate":
