@@ -62,3 +62,17 @@ def test_one_device_row_measures_lp_rounding_against_the_optimum(tmp_path):
         assert float(row["rounding_excess"]) >= -1e-9
         expect = float(row["rounding_time_s"]) / float(row["sim_time_s"]) - 1
         assert float(row["rounding_excess"]) == pytest.approx(expect)
+
+
+def test_cross_check_allows_the_solvers_gap_between_proven_optima():
+    """Two 'optimal' rows may differ by the relative gap the solvers stop at, not more."""
+
+    def row(form, obj):
+        key = {"graph": "g", "n_devices": 2, "budget": "90%", "repeat": 0, "suite": "q"}
+        return {**key, "solver": "s", "formulation": form, "status": "optimal", "objective_s": obj}
+
+    close = [row("default", 111.801), row("intervals", 111.806)]
+    assert solver_benchmark.cross_check(close, rel_gap=1e-4) == []
+    far = [row("default", 111.801), row("intervals", 111.9)]
+    bugs = solver_benchmark.cross_check(far, rel_gap=1e-4)
+    assert len(bugs) == 1 and "optima differ" in bugs[0]["note"]
