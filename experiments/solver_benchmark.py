@@ -41,13 +41,12 @@ from baselines.checkmate import min_feasible_budget_bytes  # noqa: E402
 from baselines.heuristics import best_fitting, run_heuristics  # noqa: E402
 from baselines.lp_rounding import solve_lp_rounding  # noqa: E402
 from xengine.distribute import start_candidates  # noqa: E402
-from xengine.formulation import build  # noqa: E402
 from xengine.graph.synthetic import training_graph  # noqa: E402
 from xengine.graph.types import CopyModel, Graph  # noqa: E402
 from xengine.problem import Instance  # noqa: E402
 from xengine.simulate import simulate  # noqa: E402
-from xengine.solve import agree, solve_xengine  # noqa: E402
-from xengine.solvers import SolverOptions, SolverUnavailable, solve  # noqa: E402
+from xengine.solve import agree, lp_bound_s, solve_xengine  # noqa: E402
+from xengine.solvers import SolverOptions, SolverUnavailable  # noqa: E402
 
 log = logging.getLogger("solver_benchmark")
 
@@ -213,17 +212,6 @@ def warm_schedule(inst: Instance):
     return best
 
 
-def lp_bound(inst: Instance, build_options: dict, options: SolverOptions) -> float | None:
-    form = build(inst, **build_options)
-    if form.blocked is not None:
-        return None
-    relax = SolverOptions(
-        time_limit_s=options.time_limit_s, threads=options.threads, seed=options.seed, relax=True
-    )
-    sr = solve(form.model, "highs", relax)
-    return None if sr.objective is None else sr.objective * form.time_scale
-
-
 def run_one(
     case: Case,
     budget: tuple[str, int],
@@ -315,7 +303,7 @@ def run_one(
     if mode == "intervals":  # solved inside solve_intervals, its time is in solve_s
         row["lp_bound_s"] = res.extra.get("lp_bound_s")
     elif with_lp and res.status in ("optimal", "feasible", "no_solution"):
-        row["lp_bound_s"] = lp_bound(inst, bopts, options)
+        row["lp_bound_s"] = lp_bound_s(inst, options, bopts)
     if with_rounding and inst.n_devices == 1 and res.status in ("optimal", "feasible"):
         # Checkmate's LP rounding on the same instance: how far from the (best known) optimum
         rr = solve_lp_rounding(inst, options=options)

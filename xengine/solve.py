@@ -59,6 +59,9 @@ def solve_xengine(
     to choose). The optimum of
     that smaller model is a feasible multi-device schedule, which is how
     :mod:`xengine.distribute` turns a placement into a start for the full model.
+
+    ``mode="intervals"`` solves the retention-interval model of :mod:`xengine.intervals`
+    instead (``solver`` must be ``cpsat``; ``build_options`` may give ``max_computes``).
     """
     options = options or SolverOptions()
     if mode == "intervals":
@@ -187,15 +190,18 @@ def _restrict(form, placement: np.ndarray) -> None:
     form.model.ub = ub
 
 
-def lp_bound_s(inst: Instance, options: SolverOptions | None = None) -> float | None:
+def lp_bound_s(
+    inst: Instance, options: SolverOptions | None = None, build_options: dict | None = None
+) -> float | None:
     """Lower bound on any schedule's time: the LP relaxation of the exact model (HiGHS).
 
     Valid for every formulation of the same instance, restricted ones included (their optima
-    are never below the exact model's). ``None`` when the LP is not solved within
-    ``options.time_limit_s`` or a node cannot run on any device.
+    are never below the exact model's). ``build_options`` pick the written form
+    (:func:`xengine.formulation.build`); the forms' relaxations can differ. ``None`` when the
+    LP is not solved within ``options.time_limit_s`` or a node cannot run on any device.
     """
     options = options or SolverOptions()
-    form = build(inst, mode="exact")
+    form = build(inst, mode="exact", **(build_options or {}))
     if form.blocked is not None:
         return None
     relax = SolverOptions(
