@@ -60,6 +60,8 @@ from xengine.problem import Instance
 from xengine.result import StrategyResult
 from xengine.schedule import Schedule
 from xengine.simulate import ScheduleError, simulate
+from xengine.solve import check_with_simulator, lp_bound_s
+from xengine.solvers.cpsat import run_cpsat
 from xengine.solvers.model import SolverOptions, SolverUnavailable, relative_gap
 
 log = logging.getLogger(__name__)
@@ -413,8 +415,6 @@ def solve_intervals(
     build_s = time.perf_counter() - t_build
     time_limit_s = options.time_limit_s
     if lp_bound and placement is None:
-        from xengine.solve import lp_bound_s
-
         t_lp = time.perf_counter()
         half = None if time_limit_s is None else time_limit_s / 2
         bound = lp_bound_s(inst, replace(options, time_limit_s=half))
@@ -445,35 +445,12 @@ def solve_intervals(
         build_s,
     )
 
-    solver = cp_model.CpSolver()
-    p = solver.parameters
-    if time_limit_s is not None:
-        p.max_time_in_seconds = float(time_limit_s)
-    p.relative_gap_limit = float(options.rel_gap)
-    if options.threads:
-        p.num_workers = int(options.threads)
-    p.random_seed = int(options.seed)
-    p.log_search_progress = bool(options.verbose)
-
-    t0 = time.perf_counter()
-    first: list[float] = []
-
-    class _Cb(cp_model.CpSolverSolutionCallback):
-        def on_solution_callback(self) -> None:
-            el = time.perf_counter() - t0
-            if not first:
-                first.append(el)
-            if progress is not None:
-                progress(
-                    el,
-                    float(self.objective_value) * TIME_UNIT_S,
-                    float(self.best_objective_bound) * TIME_UNIT_S,
-                )
-
-    code = solver.solve(mdl, _Cb())
-    res.solve_time_s = time.perf_counter() - t0 + res.extra.get("lp_bound_time_s", 0.0)
+    solver, code, elapsed, first_s = run_cpsat(
+        cp_model, mdl, options, progress, scale=TIME_UNIT_S, time_limit_s=time_limit_s
+    )
+    res.solve_time_s = elapsed + res.extra.get("lp_bound_time_s", 0.0)
     name = solver.status_name(code)
-    res.extra["time_to_first_s"] = first[0] if first else None
+    res.extra["time_to_first_s"] = first_s
     res.extra["n_branches"] = int(solver.num_branches)
     # the model is the whole problem only with one device and a computation per later stage
     # (a node nobody reads needs one computation; any other one per stage from its own on)
@@ -542,27 +519,8 @@ def solve_intervals(
             res.status = "optimal"
 
     res.model_peak_bytes = interval_peaks(inst, sol)
-    sched = schedule_from(inst, sol)
-    try:
-        sim = simulate(inst, sched, check_budget=False)
-    except ScheduleError as exc:
-        res.status = "error"
-        res.message = f"interval-model schedule rejected by the simulator: {exc}"
-        log.error("%s: %s", strategy, res.message)
-        return res
-    res.schedule = sched
-    res.sim = sim
-    if sim.violations:
-        res.status = "error"
-        res.message = f"over budget in the simulator: {sim.violations[0]}"
-    log.info(
-        "%s: %s, objective %.6g s (simulator %.6g s), gap %s, %.1f s",
-        strategy,
-        res.status,
-        res.objective_s,
-        sim.time_s,
-        "-" if res.gap is None else f"{100 * res.gap:.3f}%",
-        res.solve_time_s,
+    check_with_simulator(
+        res, inst, schedule_from(inst, sol), "interval-model", True, res.solve_time_s
     )
     return res
 

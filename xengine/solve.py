@@ -123,30 +123,47 @@ def solve_xengine(
         return res
     res.objective_s = form.objective_s(sr.x)
     res.model_peak_bytes = form.peak_bytes(sr.x)
-    sched = form.schedule_from(sr.x)
+    check_with_simulator(
+        res, inst, form.schedule_from(sr.x), "solver", mode == "exact", time.perf_counter() - t0
+    )
+    return res
+
+
+def check_with_simulator(
+    res: StrategyResult,
+    inst: Instance,
+    sched: Schedule,
+    what: str,
+    over_budget_is_error: bool,
+    elapsed_s: float,
+) -> None:
+    """Replay a solver's schedule and attach it and its simulation to ``res`` (in place).
+
+    A schedule the simulator rejects, or (``over_budget_is_error``: models exact about
+    memory) one over a budget, turns ``res`` into an error naming the reason.
+    """
     try:
         sim = simulate(inst, sched, check_budget=False)
     except ScheduleError as exc:
         res.status = "error"
-        res.message = f"solver schedule rejected by the simulator: {exc}"
-        log.error("%s: %s", strategy, res.message)
-        return res
+        res.message = f"{what} schedule rejected by the simulator: {exc}"
+        log.error("%s: %s", res.strategy, res.message)
+        return
     res.schedule = sched
     res.sim = sim
     if sim.violations:
         res.message = f"over budget in the simulator: {sim.violations[0]}"
-        if mode == "exact":
+        if over_budget_is_error:
             res.status = "error"
     log.info(
         "%s: %s, objective %.6g s (simulator %.6g s), gap %s, %.1f s total",
-        strategy,
+        res.strategy,
         res.status,
         res.objective_s,
         sim.time_s,
         "-" if res.gap is None else f"{100 * res.gap:.3f}%",
-        time.perf_counter() - t0,
+        elapsed_s,
     )
-    return res
 
 
 def _solve_intervals(inst, solver, options, warm_start, strategy, build_options, placement):

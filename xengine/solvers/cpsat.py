@@ -278,6 +278,44 @@ def scaled_rows(model: MilpModel, sigma: np.ndarray):
     return out, worst, empty_infeasible
 
 
+def run_cpsat(
+    cp_model_module,
+    model,
+    options: SolverOptions,
+    progress: ProgressFn | None = None,
+    scale: float = 1.0,
+    time_limit_s: float | None = None,
+):
+    """Solve a built CP-SAT ``model`` with xengine's neutral options and a progress callback
+    (objective and bound times ``scale``); ``time_limit_s`` overrides ``options``' limit.
+    Returns ``(solver, status_code, elapsed_s, time_to_first_s or None)``."""
+    solver = cp_model_module.CpSolver()
+    p = solver.parameters
+    limit = options.time_limit_s if time_limit_s is None else time_limit_s
+    if limit is not None:
+        p.max_time_in_seconds = float(limit)
+    p.relative_gap_limit = float(options.rel_gap)
+    if options.threads:
+        p.num_workers = int(options.threads)
+    p.random_seed = int(options.seed)
+    p.log_search_progress = bool(options.verbose)
+
+    t0 = time.perf_counter()
+    first: list[float] = []
+
+    class _Cb(cp_model_module.CpSolverSolutionCallback):
+        def on_solution_callback(self) -> None:
+            el = time.perf_counter() - t0
+            if not first:
+                first.append(el)
+            if progress is not None:
+                obj, bound = float(self.objective_value), float(self.best_objective_bound)
+                progress(el, obj * scale, bound * scale)
+
+    code = solver.solve(model, _Cb())
+    return solver, code, time.perf_counter() - t0, (first[0] if first else None)
+
+
 def solve_cpsat(
     model: MilpModel,
     options: SolverOptions,
@@ -348,15 +386,6 @@ def solve_cpsat(
     if invalid:
         raise SolverUnavailable(f"solver=cpsat cannot represent {model.name!r}: {invalid}")
 
-    solver = cp_model.CpSolver()
-    p = solver.parameters
-    if options.time_limit_s is not None:
-        p.max_time_in_seconds = float(options.time_limit_s)
-    p.relative_gap_limit = float(options.rel_gap)
-    if options.threads:
-        p.num_workers = int(options.threads)
-    p.random_seed = int(options.seed)
-    p.log_search_progress = bool(options.verbose)
     log.info(
         "cpsat: %d vars (%d resolved by equalities, %d implied integer), %d rows, max coefficient "
         "rounding %.1e, built in %.2f s",
@@ -368,19 +397,7 @@ def solve_cpsat(
         time.perf_counter() - t_build,
     )
 
-    t0 = time.perf_counter()
-    first: list[float] = []
-
-    class _Cb(cp_model.CpSolverSolutionCallback):
-        def on_solution_callback(self) -> None:
-            el = time.perf_counter() - t0
-            if not first:
-                first.append(el)
-            if progress is not None:
-                progress(el, float(self.objective_value), float(self.best_objective_bound))
-
-    code = solver.solve(m, _Cb())
-    elapsed = time.perf_counter() - t0
+    solver, code, elapsed, first_s = run_cpsat(cp_model, m, options, progress)
     name = solver.status_name(code)
     status = map_status(name)
     xv = None
@@ -405,6 +422,6 @@ def solve_cpsat(
         gap=relative_gap(obj, bound),
         solve_time_s=elapsed,
         message=msg,
-        time_to_first_s=first[0] if first else (elapsed if xv is not None else None),
+        time_to_first_s=first_s if first_s is not None else (elapsed if xv is not None else None),
         n_nodes=int(solver.num_branches),
     )
