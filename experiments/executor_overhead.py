@@ -6,6 +6,7 @@ machine's noise hits both alike; the medians and their ratio are written to
 ``results/executor_overhead/``.
 
     python experiments/executor_overhead.py --net resnet18 --batch-size 4 --steps 10
+    python experiments/executor_overhead.py --device cuda      # on a GPU: per-op Python cost shows
 """
 
 from __future__ import annotations
@@ -42,20 +43,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--image-size", type=int, default=224)
     ap.add_argument("--steps", type=int, default=10, help="timed steps per side")
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="cpu, cpu<k> (k threads), cuda, cuda:<i>")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "executor_overhead")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
     cap = capture_net(args.net, args.batch_size, image_size=args.image_size)
-    inst = Instance.single(cap.graph, "cpu", None)
+    inst = Instance.single(cap.graph, args.device, None)
     sched = keep_all_schedule(inst)
     for _ in range(args.warmup):
         execute(cap, inst, sched, n_steps=1, warmup=0, measure_memory=False)
-        reference_step(cap, n_steps=1, warmup=0, measure_memory=False)
+        reference_step(cap, n_steps=1, warmup=0, measure_memory=False, device=args.device)
     exe_s, ref_s = [], []
     for k in range(args.steps):
         exe_s += execute(cap, inst, sched, n_steps=1, warmup=0, measure_memory=False).step_times_s
-        ref_s += reference_step(cap, n_steps=1, warmup=0, measure_memory=False).step_times_s
+        ref_s += reference_step(
+            cap, n_steps=1, warmup=0, measure_memory=False, device=args.device
+        ).step_times_s
         log.info(
             "round %d/%d: executor %.1f ms, plain %.1f ms",
             k + 1,
@@ -68,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     tag = f"{args.net}_b{args.batch_size}_i{args.image_size}"
+    if args.device != "cpu":
+        tag += "_" + args.device.replace(":", "")
     with open(args.out / f"{tag}.csv", "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["round", "executor_step_ms", "plain_step_ms"])
@@ -77,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         "net": args.net,
         "batch_size": args.batch_size,
         "image_size": args.image_size,
+        "device": args.device,
+        "device_name": torch.cuda.get_device_name(args.device) if "cuda" in args.device else "",
         "steps": args.steps,
         "executor_median_ms": round(1e3 * exe_med, 3),
         "plain_median_ms": round(1e3 * ref_med, 3),
@@ -101,13 +109,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     ax.set_xlabel("round (interleaved)")
     ax.set_ylabel("step time (ms)")
-    ax.set_title(f"{args.net} batch {args.batch_size}: executor / plain = {ratio:.3f}")
+    ax.set_title(
+        f"{args.net} batch {args.batch_size} on {args.device}: executor / plain = {ratio:.3f}"
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(args.out / f"{tag}.png", dpi=120)
     print(
-        f"{args.net} b{args.batch_size}: executor {1e3 * exe_med:.1f} ms, plain "
+        f"{args.net} b{args.batch_size} on {args.device}: executor {1e3 * exe_med:.1f} ms, plain "
         f"{1e3 * ref_med:.1f} ms, ratio {ratio:.3f} ({args.steps} interleaved rounds)"
     )
     return 0
