@@ -524,7 +524,7 @@ def memory_traces(
 
 def _memory_labels(run: RunRecord, most: int = 4) -> list[str]:
     """XEngine and Checkmate (the teaser's comparison), else the schedules that fit."""
-    labels = [lab for lab in run.labels if lab != "pytorch"]
+    labels = [lab for lab in run.labels if lab.split(".", 1)[0] != "pytorch"]
     fitting = [lab for lab in labels if run.fits(lab)] or labels
     first = [lab for lab in fitting if lab.split(".", 1)[0] in ("xengine", "checkmate")]
     return (first or fitting)[:most]
@@ -654,7 +654,7 @@ def overhead_vs_budget(runs: list[RunRecord], out: Path) -> Outcome:
     rows = []
     for r in runs_for(runs, "budget_sweep"):
         for label in r.labels:
-            if label == "pytorch":
+            if label.split(".", 1)[0] == "pytorch":
                 continue
             t = r.metric(label, "predicted_time_ms")
             x = _budget_x(r, label)
@@ -830,7 +830,7 @@ def predicted_vs_measured(runs: list[RunRecord], out: Path) -> Outcome:
     rows = []
     for r in runs_for(runs, "predicted_vs_measured"):
         for label in r.labels:
-            if label == "pytorch":
+            if label.split(".", 1)[0] == "pytorch":
                 continue
             base = label.split(".", 1)[0]
             t_pred, t_meas = (

@@ -8,7 +8,10 @@
 # everything written so far is packed into $OUT/gpu_checks.tar.gz, so a run cut short keeps it.
 #
 #   bash experiments/gpu_checks.sh [OUT]     (OUT defaults to results/gpu_checks)
+#   STEPS="1 3" bash experiments/gpu_checks.sh   (some of the steps only)
 set -u
+STEPS=" ${STEPS:-1 2 3 4} "
+want() { [[ "$STEPS" == *" $1 "* ]]; }
 OUT=${1:-${OUT:-results/gpu_checks}}
 mkdir -p "$OUT" results/profiles
 PY=${PY:-python3}
@@ -23,26 +26,34 @@ $PY -c 'import torch, torchvision; print("torch", torch.__version__, "torchvisio
 torchvision.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0),
 "cpu threads", torch.get_num_threads())'
 
+if want 1; then
 log "1. tests (executor and profiler; CUDA ones included)"
 timeout 150 $PY -m pytest -q -p no:cacheprovider tests/test_executor.py tests/test_profile.py \
   -rs 2>&1 | tee "$OUT/pytest.txt" | tail -15
 pack
+fi
 
+if want 2; then
 log "2. profiles"
 timeout 240 $PY experiments/device_profiles.py --devices cpu cuda \
   --nets resnet18:4 resnet18:8 vgg16:8 mobilenet_v2:8 resnet50:8 2>&1 |
   grep -v -e USDT -e '^\s*$' | tee "$OUT/profiles.txt"
 pack
+fi
 
+if want 3; then
 log "3. run.py devices=cpu+cuda (resnet18 b4, 50 % of keep-everything on each device)"
 timeout 200 $PY run.py devices=cpu+cuda mem=50% tracking.enabled=false \
   profile.path=results/profiles/resnet18-b4-cpu+cuda.profile.json \
   'strategy=[checkmate,checkpoint_all,chen_greedy]' solver.time_limit_s=45 \
   log_level=INFO 2>&1 | grep -v USDT | tee "$OUT/run_cpu_cuda.txt" | tail -40
 pack
+fi
 
+if want 4; then
 log "4. executor overhead on the GPU"
 timeout 60 $PY experiments/executor_overhead.py --device cuda --steps 10 2>&1 |
   grep -v USDT | tee "$OUT/overhead.txt" | tail -3
 pack
+fi
 log "done"

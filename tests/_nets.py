@@ -50,6 +50,7 @@ def run_beside_reference(
     atol: float = 1e-7,
     seed: int = 0,
     measure_memory: bool = False,
+    ref_device: str = "cpu",
 ) -> tuple[ExecutionResult, ExecutionResult]:
     """Run a plain step and the schedule from the same state (weights, buffers, random state);
     assert the same loss, parameter gradients and batch-norm buffers afterwards. The module's
@@ -57,7 +58,7 @@ def run_beside_reference(
     start = buffers(cap)
     try:
         torch.manual_seed(seed)
-        ref = reference_step(cap, n_steps=1, warmup=0, measure_memory=False)
+        ref = reference_step(cap, n_steps=1, warmup=0, measure_memory=False, device=ref_device)
         after_ref = buffers(cap)
         set_buffers(cap, start)
         torch.manual_seed(seed)

@@ -170,11 +170,37 @@ def test_schedule_for_other_devices_or_graph_is_rejected():
 
 
 # ---------------------------------------------------------------------- cuda
+@pytest.fixture
+def exact_cuda():
+    """Deterministic cuDNN, no TF32: a GPU step that can be compared bit for bit."""
+    b = torch.backends
+    saved = (b.cudnn.deterministic, b.cudnn.allow_tf32, b.cuda.matmul.allow_tf32)
+    b.cudnn.deterministic, b.cudnn.allow_tf32, b.cuda.matmul.allow_tf32 = True, False, False
+    yield
+    b.cudnn.deterministic, b.cudnn.allow_tf32, b.cuda.matmul.allow_tf32 = saved
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cpu_and_cuda_match_plain_pytorch():
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
+def test_gpu_schedules_match_plain_pytorch_on_the_gpu(exact_cuda):
+    """On the GPU alone the executor's loss and gradients are plain PyTorch's on the GPU."""
+    cap = resnet18_small()
+    inst = Instance(costed(cap.graph, ("cuda",)), ("cuda",), (10**10,))
+    keep_third = checkpoint_schedule(inst, keep=set(range(0, cap.n_forward, 3)))
+    for sched in (keep_all_schedule(inst), keep_third):
+        res, _ = run_beside_reference(cap, inst, sched, measure_memory=True, ref_device="cuda")
+        assert res.peak_bytes["cuda"] > 0 and res.fixed_bytes["cuda"] > 0
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cpu_and_gpu_schedule_within_the_spread_of_plain_steps(exact_cuda):
+    """Half the forward pass on the GPU, the rest and the loss on the CPU: its gradients are
+    within the pipeline's spread check of the plain CPU and GPU steps (which differ: the GPU
+    adds reductions up in another order), and both devices' peaks are measured."""
+    from xengine.execute.executor import reference_step
+    from xengine.pipeline import grads_within_spread
+
     cap = resnet18_small()
     devices = ("cpu", "cuda")
     inst = Instance(costed(cap.graph, devices), devices, (10**10, 10**10))
@@ -183,7 +209,21 @@ def test_cpu_and_cuda_match_plain_pytorch():
     sched = checkpoint_schedule(
         inst, keep=set(range(0, nf, 3)), device_of=forward_devices(inst, fwd_dev, loss_device=0)
     )
-    res, _ = run_beside_reference(cap, inst, sched, rtol=1e-3, atol=1e-5, measure_memory=True)
+    start = buffers(cap)
+    try:
+        plain = []
+        for d in devices:
+            set_buffers(cap, start)
+            torch.manual_seed(0)
+            plain.append(reference_step(cap, n_steps=1, warmup=0, device=d, measure_memory=False))
+        set_buffers(cap, start)
+        torch.manual_seed(0)
+        res = execute(cap, inst, sched, n_steps=1, warmup=0, measure_memory=True)
+    finally:
+        set_buffers(cap, start)
+    ok, nearest = grads_within_spread(res, plain)
+    assert ok, nearest
+    assert res.n_copies > 0
     assert res.peak_bytes["cuda"] > 0 and res.peak_bytes["cpu"] > 0
     assert res.fixed_bytes["cuda"] > 0
 

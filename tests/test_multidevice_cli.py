@@ -142,6 +142,42 @@ def test_grads_compare_per_tensor_only_across_different_arithmetic():
     assert _same_numerics(("cpu2",), "cpu2") and not _same_numerics(("cpu2", "cpu1"), "cpu2")
 
 
+def test_grads_across_cpu_and_gpu_are_checked_against_the_spread_of_plain_steps():
+    """A step over a CPU and a GPU has no plain step with its arithmetic: it must be no
+    further from the nearer plain step than twice the plain steps' own difference."""
+    from types import SimpleNamespace
+
+    from xengine.pipeline import SPREAD_FACTOR, grads_within_spread
+
+    def step(loss, *w):
+        return SimpleNamespace(loss=loss, param_grads={"w": torch.tensor(w)})
+
+    cpu, gpu = step(2.0, 1.0, 0.0), step(2.0, 1.0, 0.1)  # the plain steps differ by 10 %
+    ok, dist = grads_within_spread(step(2.0, 1.0, 0.05), [cpu, gpu])
+    assert ok and dist == pytest.approx(0.05)
+    edge = 0.1 * SPREAD_FACTOR
+    assert grads_within_spread(step(2.0, 1.0, -edge + 1e-3), [cpu, gpu])[0]
+    assert not grads_within_spread(step(2.0, 1.0, -edge - 1e-2), [cpu, gpu])[0]
+    assert not grads_within_spread(step(2.0, -1.0, 0.0), [cpu, gpu])[0]  # a wrong sign
+    assert not grads_within_spread(step(3.0, 1.0, 0.0), [cpu, gpu])[0]  # another loss
+    assert grads_within_spread(SimpleNamespace(loss=2.0, param_grads={}), [cpu, gpu]) == (
+        False,
+        None,
+    )
+
+
+def test_one_plain_reference_step_per_kind_of_device(monkeypatch):
+    """cpu2+cpu1 share one plain step (checked per tensor); a GPU gets its own."""
+    from xengine.pipeline import _reference_devices
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert _reference_devices(("cpu2", "cpu1")) == ["cpu2"]
+    assert _reference_devices(("cpu", "cuda")) == ["cpu", "cuda"]
+    assert _reference_devices(("cuda", "cpu4", "cpu1", "cuda:0")) == ["cuda", "cpu4"]
+    assert _reference_devices(("cuda:0", "cuda:1")) == ["cuda:0", "cuda:1"]
+
+
 # --------------------------------------------------------------------------- bad input
 def _profile_file(folder: Path, **key) -> Path:
     data = {
