@@ -141,11 +141,35 @@ def synthetic(kind: str, n_layers: int, seed: int = 0) -> Graph:
 def net_graph(net: str, batch_size: int, costs: str) -> Graph:
     """A captured torchvision training graph with costs for devices ``a`` and ``b``.
 
-    ``costs=profile``: measured CPU times (``xengine.profile``, cached under results/cache) for
-    ``a``; ``b`` is a synthetic device 4x faster with a 10 GB/s, 20 us link (no second device
-    is measured here; the CSV's note says so). ``costs=bytes``: time proportional to each
-    node's output bytes (1 GB/s on ``a``), no measurement at all.
+    ``costs=h200``: the shipped measurement of a real CPU + GPU pair
+    (``results/profiles/<net>-b<batch>-cpu+cuda.graph.json``, made by
+    ``experiments/device_profiles.py``): ``a`` is that machine's 16-thread CPU, ``b`` its
+    NVIDIA H200, with the measured copy links; nothing is measured here, so every machine
+    solves the same instances. ``costs=profile``: measured CPU times (``xengine.profile``,
+    cached under results/cache) for ``a``; ``b`` is a synthetic device 4x faster with a
+    10 GB/s, 20 us link. ``costs=bytes``: time proportional to each node's output bytes
+    (1 GB/s on ``a``), no measurement at all.
     """
+    if costs == "h200":
+        from xengine.graph.io import load_graph
+
+        path = ROOT / "results" / "profiles" / f"{net}-b{batch_size}-cpu+cuda.graph.json"
+        if not path.exists():
+            raise FileNotFoundError(
+                f"{path} is not shipped: experiments/device_profiles.py --nets "
+                f"{net}:{batch_size} on a CUDA machine makes it"
+            )
+        g = load_graph(path)
+        return g.with_costs(
+            {
+                "a": {v.name: float(v.cost_s["cpu"]) for v in g.nodes},
+                "b": {v.name: float(v.cost_s["cuda"]) for v in g.nodes},
+            },
+            {
+                ("a", "b"): g.copy_models[("cpu", "cuda")],
+                ("b", "a"): g.copy_models[("cuda", "cpu")],
+            },
+        )
     from xengine.graph.capture import capture_net
 
     cap = capture_net(net, batch_size=batch_size)
@@ -516,7 +540,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--devices", default="1,2", help="device counts to run: 1, 2 or 1,2")
     ap.add_argument("--budgets", default="", help="budget labels to keep (90%%,70%%,50%%,min)")
     ap.add_argument("--batch-size", type=int, default=8, help="full suite: nets' batch size")
-    ap.add_argument("--costs", choices=("profile", "bytes"), default="profile")
+    ap.add_argument(
+        "--costs",
+        choices=("profile", "h200", "bytes"),
+        default="profile",
+        help="nets' costs: measured CPU + a synthetic 4x device, the shipped CPU + H200 "
+        "profiles, or output bytes (see net_graph)",
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     for name in ("xengine.solve", "xengine.formulation", "baselines.checkmate"):
