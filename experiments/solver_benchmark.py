@@ -40,12 +40,13 @@ if str(ROOT) not in sys.path:
 from baselines.checkmate import min_feasible_budget_bytes  # noqa: E402
 from baselines.heuristics import best_fitting, run_heuristics  # noqa: E402
 from baselines.lp_rounding import solve_lp_rounding  # noqa: E402
+from xengine.bounds import lp_bound_s, placement_bound_s  # noqa: E402
 from xengine.distribute import start_candidates  # noqa: E402
 from xengine.graph.synthetic import training_graph  # noqa: E402
 from xengine.graph.types import CopyModel, Graph  # noqa: E402
 from xengine.problem import Instance  # noqa: E402
 from xengine.simulate import simulate  # noqa: E402
-from xengine.solve import agree, lp_bound_s, solve_xengine  # noqa: E402
+from xengine.solve import agree, solve_xengine  # noqa: E402
 from xengine.solvers import SolverOptions, SolverUnavailable  # noqa: E402
 
 log = logging.getLogger("solver_benchmark")
@@ -91,6 +92,7 @@ FIELDS = [
     "best_bound_s",
     "gap",
     "lp_bound_s",
+    "placement_bound_s",
     "warm_start",
     "warm_start_s",
     "warm_start_time_s",
@@ -328,6 +330,9 @@ def run_one(
         row["lp_bound_s"] = res.extra.get("lp_bound_s")
     elif with_lp and res.status in ("optimal", "feasible", "no_solution"):
         row["lp_bound_s"] = lp_bound_s(inst, options, bopts)
+    if res.status in ("optimal", "feasible", "no_solution"):
+        pb = res.extra.get("placement_bound_s")
+        row["placement_bound_s"] = pb if pb is not None else placement_bound_s(inst, options)
     if with_rounding and inst.n_devices == 1 and res.status in ("optimal", "feasible"):
         # Checkmate's LP rounding on the same instance: how far from the (best known) optimum
         rr = solve_lp_rounding(inst, options=options)

@@ -168,14 +168,38 @@ def test_grads_across_cpu_and_gpu_are_checked_against_the_spread_of_plain_steps(
 
 def test_one_plain_reference_step_per_kind_of_device(monkeypatch):
     """cpu2+cpu1 share one plain step (checked per tensor); a GPU gets its own."""
-    from xengine.pipeline import _reference_devices
+    from xengine.pipeline import reference_devices
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    assert _reference_devices(("cpu2", "cpu1")) == ["cpu2"]
-    assert _reference_devices(("cpu", "cuda")) == ["cpu", "cuda"]
-    assert _reference_devices(("cuda", "cpu4", "cpu1", "cuda:0")) == ["cuda", "cpu4"]
-    assert _reference_devices(("cuda:0", "cuda:1")) == ["cuda:0", "cuda:1"]
+    assert reference_devices(("cpu2", "cpu1")) == ["cpu2"]
+    assert reference_devices(("cpu", "cuda")) == ["cpu", "cuda"]
+    assert reference_devices(("cuda", "cpu4", "cpu1", "cuda:0")) == ["cuda", "cpu4"]
+    assert reference_devices(("cuda:0", "cuda:1")) == ["cuda:0", "cuda:1"]
+
+
+def test_check_grads_picks_the_plain_step_of_each_kind_of_device(monkeypatch):
+    """A CPU row against the CPU's plain step (per tensor for another thread count), a GPU row
+    against the GPU's (per tensor, 1e-3), a CPU+GPU row against the spread of both."""
+    from types import SimpleNamespace
+
+    from xengine.pipeline import check_grads
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+
+    def step(*w):
+        return SimpleNamespace(loss=1.0, param_grads={"w": torch.tensor(w)})
+
+    refs = {"cpu2": step(1.0, 1e-3), "cuda": step(1.0, 0.05)}
+    assert check_grads(step(1.0, 1e-3), ("cpu2",), refs) == (True, 0.0)
+    assert check_grads(step(1.0, 1e-3 + 5e-6), ("cpu2",), refs)[0] is False  # element-wise
+    assert check_grads(step(1.0, 1e-3 + 5e-6), ("cpu2", "cpu1"), refs)[0] is True
+    assert check_grads(step(1.0, 0.0505), ("cuda",), refs)[0] is True  # 5e-4 < 1e-3
+    assert check_grads(step(1.0, 0.06), ("cuda",), refs)[0] is False
+    assert check_grads(step(1.0, 0.03), ("cpu1", "cuda"), refs)[0] is True
+    assert check_grads(step(1.0, 0.5), ("cpu1", "cuda"), refs)[0] is False
+    assert check_grads(step(1.0, 0.05), ("cuda",), {"cpu2": refs["cpu2"]}) is None
 
 
 # --------------------------------------------------------------------------- bad input

@@ -37,6 +37,7 @@ def test_quick_two_device_row_with_spread_start(tmp_path):
         assert r["warm_start"]  # a start was found and used
         assert float(r["objective_s"]) <= float(r["warm_start_s"]) + 1e-9
         assert float(r["lp_bound_s"]) <= float(r["objective_s"]) + 1e-9
+        assert float(r["placement_bound_s"]) <= float(r["objective_s"]) + 1e-9
     assert abs(float(rows[0]["objective_s"]) - float(rows[1]["objective_s"])) < 1e-6
     assert (tmp_path / "solver_benchmark.png").stat().st_size > 0
 

@@ -56,11 +56,12 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from xengine.bounds import lp_bound_s, placement_bound_s
 from xengine.problem import Instance
 from xengine.result import StrategyResult
 from xengine.schedule import Schedule
 from xengine.simulate import ScheduleError, simulate
-from xengine.solve import check_with_simulator, lp_bound_s
+from xengine.solve import check_with_simulator
 from xengine.solvers.cpsat import run_cpsat
 from xengine.solvers.model import SolverOptions, SolverUnavailable, relative_gap
 
@@ -417,18 +418,25 @@ def solve_intervals(
     if lp_bound and placement is None:
         t_lp = time.perf_counter()
         half = None if time_limit_s is None else time_limit_s / 2
-        bound = lp_bound_s(inst, replace(options, time_limit_s=half))
+        res.extra["placement_bound_s"] = placement_bound_s(
+            inst, replace(options, time_limit_s=half)
+        )
+        res.extra["lp_bound_s"] = lp_bound_s(inst, replace(options, time_limit_s=half))
         res.extra["lp_bound_time_s"] = time.perf_counter() - t_lp
-        res.extra["lp_bound_s"] = bound
         if time_limit_s is not None:
             time_limit_s = max(time_limit_s - res.extra["lp_bound_time_s"], 0.01)
+        bound = max(
+            (b for b in (res.extra["lp_bound_s"], res.extra["placement_bound_s"]) if b is not None),
+            default=None,
+        )
         if bound is not None:
             # integer costs are rounded to the nanosecond: leave one per term of slack
             mdl.add(objective_ns >= int(np.floor(bound / TIME_UNIT_S)) - len(obj_terms))
         log.info(
-            "%s: LP bound %s in %.1f s",
+            "%s: LP bound %s, placement bound %s, in %.1f s",
             strategy,
-            "-" if bound is None else f"{bound:.6g} s",
+            _s(res.extra["lp_bound_s"]),
+            _s(res.extra["placement_bound_s"]),
             res.extra["lp_bound_time_s"],
         )
 
@@ -499,21 +507,21 @@ def solve_intervals(
     sol = IntervalSolution([tuple(c) for c in computations], copies)
     res.objective_s = objective
     # CP-SAT's own bound holds for the restricted model only; reported bounds hold for the
-    # whole problem: the LP bound, and CP-SAT's when the model is unrestricted
-    bounds = [res.extra.get("lp_bound_s")]
+    # whole problem: the LP and placement bounds, and CP-SAT's when the model is unrestricted
+    bounds = [res.extra.get("lp_bound_s"), res.extra.get("placement_bound_s")]
     if exact:
         bounds.append(float(solver.best_objective_bound) * TIME_UNIT_S)
     bounds = [b for b in bounds if b is not None]
     res.best_bound_s = min(max(bounds), objective) if bounds else None
     res.gap = relative_gap(objective, res.best_bound_s) if bounds else None
     # CP-SAT's OPTIMAL is about the restricted model; it is the problem's optimum only when
-    # the model is unrestricted or a bound valid for the whole problem (the LP's) meets it
+    # the model is unrestricted or a bound valid for the whole problem meets it
     res.status = "feasible"
     if name == "OPTIMAL":
         res.extra["restricted_optimal"] = True
         if not exact and (res.gap is None or res.gap > options.rel_gap):
             res.message = f"optimal within the interval model ({restriction})" + (
-                "" if res.gap is None else f"; {100 * res.gap:.2f} % above the LP bound"
+                "" if res.gap is None else f"; {100 * res.gap:.2f} % above the best bound"
             )
         else:
             res.status = "optimal"
@@ -553,3 +561,7 @@ def _add_hint(mdl, inst: Instance, ivs, covers: list[_Cover], hint) -> None:
         got = value.get((dst.d, dst.v, dst.k))
         on = got is not None and (src.v, src.d, src.k, dst.v, dst.d, got[0]) in chosen
         mdl.add_hint(cov.lit, on)
+
+
+def _s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.6g} s"

@@ -614,12 +614,12 @@ def run_pipeline(
     _record_graph(tracker, inst)
 
     rows: list[RunRow] = []
-    references: dict[str, tuple[str, Any]] = {}
+    references: dict[str, Any] = {}
     if cfg.executes:
-        for device in _reference_devices(cfg.devices):
+        for device in reference_devices(cfg.devices):
             reference, ref_row = _reference(cfg, prep, device)
             if reference is not None:
-                references[_torch_device(device)] = (device, reference)
+                references[device] = reference
             rows.append(ref_row)
             _record(tracker, ref_row)
 
@@ -992,7 +992,7 @@ def _torch_device(device: str) -> str:
     return str(parse_device(device).torch_device)
 
 
-def _reference_devices(devices: tuple[str, ...]) -> list[str]:
+def reference_devices(devices: tuple[str, ...]) -> list[str]:
     """Where a plain PyTorch step runs: the first device, and the first device of every
     other kind (a GPU's arithmetic differs from the CPU's: its gradients are checked against
     a plain step on the GPU; CPU sub-devices share one reference)."""
@@ -1040,7 +1040,7 @@ def _execute_into(
     inst: Instance,
     cfg: RunConfig,
     prep: Prepared,
-    references: Mapping[str, tuple[str, Any]],
+    references: Mapping[str, Any],
 ) -> None:
     """Run ``res``'s schedule for real when it has one that fits, and compare with PyTorch."""
     if not res.has_schedule:
@@ -1063,24 +1063,10 @@ def _execute_into(
     _fill_measurement(row, ex)
     if ex.violations:  # measured peak above budget + the executor's stated tolerance
         row.note = "; ".join([row.note, *ex.violations]) if row.note else "; ".join(ex.violations)
-    kinds = sorted({_torch_device(d) for d in row.devices})
-    if not all(k in references for k in kinds):
+    checked = check_grads(ex, row.devices, references, cfg.grad_rtol, cfg.grad_atol)
+    if checked is None:
         return  # a reference step failed: nothing to compare with
-    if len(kinds) == 1:
-        ref_device, reference = references[kinds[0]]
-        on_cuda = kinds[0].startswith("cuda")
-        row.grads_match = grads_match(
-            ex,
-            reference,
-            max(cfg.grad_rtol, CUDA_GRAD_RTOL) if on_cuda else cfg.grad_rtol,
-            cfg.grad_atol,
-            per_tensor=on_cuda or not _same_numerics(row.devices, ref_device),
-        )
-        row.grads_max_rel_diff = grads_max_rel_diff(ex, reference)
-    else:
-        row.grads_match, row.grads_max_rel_diff = grads_within_spread(
-            ex, [references[k][1] for k in kinds], cfg.grad_rtol
-        )
+    row.grads_match, row.grads_max_rel_diff = checked
     if not row.grads_match:
         log.warning(
             "%s: loss or gradients differ from plain PyTorch (largest difference %s of "
@@ -1088,6 +1074,39 @@ def _execute_into(
             row.label,
             "unknown" if row.grads_max_rel_diff is None else f"{row.grads_max_rel_diff:.3g}",
         )
+
+
+def check_grads(
+    run: Any,
+    devices: tuple[str, ...],
+    references: Mapping[str, Any],
+    rtol: float = 1e-4,
+    atol: float = 1e-6,
+) -> tuple[bool, float | None] | None:
+    """Compare a step that ran on ``devices`` with the plain steps in ``references`` (device
+    name -> plain step, one per kind of device as :func:`reference_devices` picks them): on
+    one kind of device against that kind's plain step (element by element where the
+    arithmetic is the same, per tensor where it is not, e.g. another CPU thread count or a
+    GPU), over several kinds with :func:`grads_within_spread`. Returns (match, largest
+    difference as a fraction of a tensor's largest magnitude), or None without a plain step
+    of each kind to compare with."""
+    by_kind = {_torch_device(d): d for d in reversed(list(references))}
+    kinds = sorted({_torch_device(d) for d in devices})
+    if not all(k in by_kind for k in kinds):
+        return None
+    if len(kinds) > 1:
+        return grads_within_spread(run, [references[by_kind[k]] for k in kinds], rtol)
+    ref_device = by_kind[kinds[0]]
+    reference = references[ref_device]
+    on_cuda = kinds[0].startswith("cuda")
+    match = grads_match(
+        run,
+        reference,
+        max(rtol, CUDA_GRAD_RTOL) if on_cuda else rtol,
+        atol,
+        per_tensor=on_cuda or not _same_numerics(devices, ref_device),
+    )
+    return match, grads_max_rel_diff(run, reference)
 
 
 CUDA_GRAD_RTOL = 1e-3

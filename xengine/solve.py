@@ -13,6 +13,7 @@ from xengine.result import StrategyResult
 from xengine.schedule import Schedule
 from xengine.simulate import ScheduleError, simulate
 from xengine.solvers import QUADRATIC_CAPABLE, SolverOptions, SolverUnavailable, solve
+from xengine.solvers.model import relative_gap
 
 log = logging.getLogger(__name__)
 
@@ -123,10 +124,32 @@ def solve_xengine(
         return res
     res.objective_s = form.objective_s(sr.x)
     res.model_peak_bytes = form.peak_bytes(sr.x)
+    if placement is None and sr.status == "feasible":
+        _tighten_with_placement_bound(res, inst, options)
     check_with_simulator(
         res, inst, form.schedule_from(sr.x), "solver", mode == "exact", time.perf_counter() - t0
     )
     return res
+
+
+def _tighten_with_placement_bound(
+    res: StrategyResult, inst: Instance, options: SolverOptions
+) -> None:
+    """A MILP stopped at its limit: its bound may be weaker than the placement bound
+    (:func:`xengine.bounds.placement_bound_s`, valid for the whole problem, a fraction of a
+    second). Report the better one; an incumbent that meets it is proven optimal."""
+    from xengine.bounds import placement_bound_s
+
+    bound = placement_bound_s(inst, options)
+    res.extra["placement_bound_s"] = bound
+    if bound is None or res.objective_s is None:
+        return
+    if res.best_bound_s is None or bound > res.best_bound_s:
+        res.best_bound_s = min(bound, res.objective_s)
+        res.gap = relative_gap(res.objective_s, res.best_bound_s)
+        if res.gap is not None and res.gap <= options.rel_gap:
+            res.status = "optimal"
+            res.message = "optimal: the schedule meets the placement bound"
 
 
 def check_with_simulator(
@@ -205,29 +228,6 @@ def _restrict(form, placement: np.ndarray) -> None:
         sel = ix[other[:, None, :].repeat(ix.shape[1], axis=1)]
         ub[sel[sel >= 0]] = 0.0
     form.model.ub = ub
-
-
-def lp_bound_s(
-    inst: Instance, options: SolverOptions | None = None, build_options: dict | None = None
-) -> float | None:
-    """Lower bound on any schedule's time: the LP relaxation of the exact model (HiGHS).
-
-    Valid for every formulation of the same instance, restricted ones included (their optima
-    are never below the exact model's). ``build_options`` pick the written form
-    (:func:`xengine.formulation.build`); the forms' relaxations can differ. ``None`` when the
-    LP is not solved within ``options.time_limit_s`` or a node cannot run on any device.
-    """
-    options = options or SolverOptions()
-    form = build(inst, mode="exact", **(build_options or {}))
-    if form.blocked is not None:
-        return None
-    relax = SolverOptions(
-        time_limit_s=options.time_limit_s, threads=options.threads, seed=options.seed, relax=True
-    )
-    sr = solve(form.model, "highs", relax)
-    if sr.status != "optimal" or sr.objective is None:
-        return None
-    return float(sr.objective) * form.time_scale
 
 
 def agree(res: StrategyResult, rel_tol: float = 1e-6) -> bool:

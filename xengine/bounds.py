@@ -1,0 +1,131 @@
+"""Lower bounds on a schedule's time that hold for the whole problem.
+
+A solver's own bound belongs to its model, and a restricted model (the interval model, a
+model restricted to a placement) has none that holds for the problem. These two do, whatever
+formulation found the schedule, so every schedule's gap can be read against them:
+
+* :func:`lp_bound_s`: the LP relaxation of the exact MILP. It sees the memory limits, but it
+  is an LP over D x T x T variables: on resnet50 with two devices HiGHS does not solve it in
+  300 s.
+* :func:`placement_bound_s`: the problem without memory limits and without stages. Which
+  devices compute each node, and which reads need a copy, as a small MILP (2 D n + D |E|
+  variables, solved in well under a second at resnet50's size). It cannot see recomputation
+  forced by memory, so it is weak where memory binds, and strong where the time goes into
+  placement and copies.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from xengine.formulation import build
+from xengine.problem import Instance
+from xengine.solvers import ModelBuilder, SolverOptions, solve
+
+log = logging.getLogger(__name__)
+
+
+def lp_bound_s(
+    inst: Instance, options: SolverOptions | None = None, build_options: dict | None = None
+) -> float | None:
+    """Lower bound on any schedule's time: the LP relaxation of the exact model (HiGHS).
+
+    Valid for every formulation of the same instance, restricted ones included (their optima
+    are never below the exact model's). ``build_options`` pick the written form
+    (:func:`xengine.formulation.build`); the forms' relaxations can differ. ``None`` when the
+    LP is not solved within ``options.time_limit_s`` or a node cannot run on any device.
+    """
+    options = options or SolverOptions()
+    form = build(inst, mode="exact", **(build_options or {}))
+    if form.blocked is not None:
+        return None
+    relax = SolverOptions(
+        time_limit_s=options.time_limit_s, threads=options.threads, seed=options.seed, relax=True
+    )
+    sr = solve(form.model, "highs", relax)
+    if sr.status != "optimal" or sr.objective is None:
+        return None
+    return float(sr.objective) * form.time_scale
+
+
+def placement_bound_s(inst: Instance, options: SolverOptions | None = None) -> float | None:
+    """Lower bound on any schedule's time from where nodes run and what must be copied.
+
+    Every valid schedule (DESIGN.md section 5, as :mod:`xengine.simulate` replays it) computes
+    each node at least once, only on devices whose budget holds the node's inputs, output and
+    workspace at once, and has the simulator's rule for reads: a node computed on device
+    ``d`` reads each input from ``d`` if it is there, else (copyable edges only) copies it
+    from another device, once per read. Let ``x[d, v] = 1`` when ``v`` is computed on ``d``
+    at least once. A read of ``u`` on ``d`` where ``u`` is never computed on ``d`` needs a
+    copy that costs at least the cheapest copy of ``u`` into ``d``; an autograd-state edge
+    (not copyable) needs ``u`` computed on ``d``. So
+
+        min  sum_{d,v} C[d, v] x[d, v] + sum_{(u,v) copyable, d} copy_min[d, u] y[e, d]
+        s.t. sum_d x[d, v] >= 1;  y[e, d] >= x[d, v] - x[d, u];  x[d, u] >= x[d, v] (state)
+
+    is at most any schedule's time: the schedule's own ``x`` and one ``y`` per read that
+    copies are feasible here and cost no more. With one device it is the keep-all time.
+    Returns the solver's proven bound on that MILP (not its incumbent), or ``None`` when a
+    node fits no device or the MILP is not solved within ``options.time_limit_s``.
+    """
+    options = options or SolverOptions()
+    g = inst.graph
+    D, n = inst.n_devices, inst.size
+    C = inst.compute_s
+    can_run = g.node_lower_bound_bytes()[None, :] <= np.asarray(inst.budgets)[:, None]
+    if not can_run.any(axis=0).all():
+        return None
+    if D == 1:
+        return float(C[0].sum())
+    CP = inst.copy_s  # (D, D, n), 0 on the diagonal
+    off = ~np.eye(D, dtype=bool)
+    copy_min = np.array([[CP[off[:, d], d, u].min() for u in range(n)] for d in range(D)])
+    scale = float(np.mean(C[C > 0])) if (C > 0).any() else 1.0  # objective of order 1
+
+    b = ModelBuilder(f"placement-bound-{g.name}")
+    x = b.add_vars(D * n, 0.0, can_run.astype(float).ravel(), True).reshape(D, n)
+    b.add_objective(x.ravel(), (C / scale).ravel())
+    b.add_rows("once", n, np.tile(np.arange(n), D), x.ravel(), 1.0, 1.0, np.inf)
+    src = np.array([e.src for e in g.edges], dtype=np.int64)
+    dst = np.array([e.dst for e in g.edges], dtype=np.int64)
+    copyable = np.array([e.copyable for e in g.edges], dtype=bool)
+    for d in range(D):
+        ok = copyable & np.isfinite(copy_min[d, src])
+        k = int(ok.sum())
+        if k:  # x[d, v] - x[d, u] - y <= 0, y >= 0 continuous (integral at the optimum)
+            y = b.add_vars(k, 0.0, 1.0, False)
+            b.add_objective(y, copy_min[d, src[ok]] / scale)
+            r = np.arange(k)
+            b.add_rows(
+                f"copy_{d}",
+                k,
+                np.concatenate([r, r, r]),
+                np.concatenate([x[d, dst[ok]], x[d, src[ok]], y]),
+                np.concatenate([np.ones(k), -np.ones(k), -np.ones(k)]),
+                -np.inf,
+                0.0,
+            )
+        m = int((~ok).sum())
+        if m:  # x[d, v] - x[d, u] <= 0
+            r = np.arange(m)
+            b.add_rows(
+                f"local_{d}",
+                m,
+                np.concatenate([r, r]),
+                np.concatenate([x[d, dst[~ok]], x[d, src[~ok]]]),
+                np.concatenate([np.ones(m), -np.ones(m)]),
+                -np.inf,
+                0.0,
+            )
+    opts = SolverOptions(
+        time_limit_s=options.time_limit_s, rel_gap=1e-9, threads=1, seed=options.seed
+    )
+    sr = solve(b.build(), "highs", opts)
+    if sr.best_bound is None or sr.status not in ("optimal", "feasible"):
+        return None
+    return max(float(sr.best_bound), 0.0) * scale
+
+
+__all__ = ["lp_bound_s", "placement_bound_s"]
