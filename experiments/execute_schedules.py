@@ -119,12 +119,12 @@ def main(argv: list[str] | None = None) -> int:
                 else round(1e3 * res.predicted_time_s, 3),
                 "median_ms": round(1e3 * statistics.median(times[label]), 3),
                 "predicted_peak_mib": "/".join(
-                    f"{res.predicted_peak_bytes[d] / MIB:.2f}" for d in devs
+                    f"{res.predicted_peak_bytes[d] / MIB:.4f}" for d in devs
                 )
                 if res.predicted_peak_bytes
                 else "",
                 "measured_peak_mib": "/".join(
-                    f"{res.peak_bytes.get(d, 0) / MIB:.2f}" for d in devs
+                    f"{res.peak_bytes.get(d, 0) / MIB:.4f}" for d in devs
                 ),
                 "grads_match": match,
                 "grads_max_rel_diff": diff,
