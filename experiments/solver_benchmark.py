@@ -144,7 +144,7 @@ def net_graph(net: str, batch_size: int, costs: str) -> Graph:
     """A captured torchvision training graph with costs for devices ``a`` and ``b``.
 
     ``costs=h200``: the shipped measurement of a real CPU + GPU pair
-    (``results/profiles/<net>-b<batch>-cpu+cuda.graph.json``, made by
+    (``results/profiles/**/<net>-b<batch>-cpu+cuda.graph.json``, made by
     ``experiments/device_profiles.py``): ``a`` is that machine's 16-thread CPU, ``b`` its
     NVIDIA H200, with the measured copy links; nothing is measured here, so every machine
     solves the same instances. ``costs=profile``: measured CPU times (``xengine.profile``,
@@ -155,13 +155,14 @@ def net_graph(net: str, batch_size: int, costs: str) -> Graph:
     if costs == "h200":
         from xengine.graph.io import load_graph
 
-        path = ROOT / "results" / "profiles" / f"{net}-b{batch_size}-cpu+cuda.graph.json"
-        if not path.exists():
+        name = f"{net}-b{batch_size}-cpu+cuda.graph.json"
+        found = sorted((ROOT / "results" / "profiles").rglob(name))
+        if not found:
             raise FileNotFoundError(
-                f"{path} is not shipped: experiments/device_profiles.py --nets "
-                f"{net}:{batch_size} on a CUDA machine makes it"
+                f"results/profiles/**/{name} is not shipped: experiments/device_profiles.py "
+                f"--nets {net}:{batch_size} on a CUDA machine makes it"
             )
-        g = load_graph(path)
+        g = load_graph(found[0])
         return g.with_costs(
             {
                 "a": {v.name: float(v.cost_s["cpu"]) for v in g.nodes},
