@@ -55,6 +55,7 @@ FORMULATIONS: dict[str, dict] = {
     "default": {},
     "reference": {"reference": True},
     "tight": {"free_rows": "tight"},
+    "symmetry": {"break_symmetry": True},
     "intervals": {},
 }
 """Name -> keyword arguments of :func:`xengine.formulation.build`. ``intervals`` is the
@@ -190,6 +191,15 @@ def net_graph(net: str, batch_size: int, costs: str) -> Graph:
     return g.with_costs(
         {"a": base, "b": {k: c / 4 for k, c in base.items()}},
         {("a", "b"): cm, ("b", "a"): cm},
+    )
+
+
+def twin_graph(g: Graph) -> Graph:
+    """``g`` with device ``a2``: a copy of ``a`` (same costs, the same link both ways), for
+    the symmetry-breaking rows (``--twins``)."""
+    cm = g.copy_models[("a", "b")]
+    return g.with_costs(
+        {"a2": {v.name: float(v.cost_s["a"]) for v in g.nodes}}, {("a", "a2"): cm, ("a2", "a"): cm}
     )
 
 
@@ -421,7 +431,7 @@ def plot(rows: list[dict], path: Path, time_limit_s: float | None) -> None:
 
     solved = [r for r in rows if r["status"] in ("optimal", "feasible", "no_solution")]
     fig, (ax_t, ax_g) = plt.subplots(1, 2, figsize=(12, 4.8))
-    markers = {"default": "o", "reference": "s", "tight": "^", "intervals": "D"}
+    markers = {"default": "o", "reference": "s", "tight": "^", "intervals": "D", "symmetry": "v"}
     combos = sorted({(r["solver"], r["formulation"]) for r in solved})
     for i, (solver, form) in enumerate(combos):
         rs = [r for r in solved if r["solver"] == solver and r["formulation"] == form]
@@ -547,6 +557,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budgets", default="", help="budget labels to keep (90%%,70%%,50%%,min)")
     ap.add_argument("--batch-size", type=int, default=8, help="full suite: nets' batch size")
     ap.add_argument(
+        "--twins",
+        action="store_true",
+        help="two-device cases on two identical devices (a and a copy of it, a2) instead of "
+        "a and b: where formulation 'symmetry' can act",
+    )
+    ap.add_argument(
         "--costs",
         choices=("profile", "h200", "bytes"),
         default="profile",
@@ -576,6 +592,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         if len(case.devices) not in keep_dev:
             continue
+        if args.twins and len(case.devices) == 2:
+            case = Case(case.suite, twin_graph(case.graph), ("a", "a2"))
         for budget in budgets_for(case.graph):
             if keep_budgets and budget[0] not in keep_budgets:
                 continue

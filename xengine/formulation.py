@@ -37,6 +37,11 @@ Two switches change how the same model is written, never its optimum:
     rows). Whether it is faster is measured by ``experiments/solver_benchmark.py``. CP-SAT
     refuses this form (continuous F sits in the memory equalities, so it is not implied
     integer).
+``break_symmetry=True``: when devices are interchangeable (:func:`twin_of_first`: same costs,
+    budget and copy costs as the first device), any schedule stays a schedule of the same cost
+    when two of them swap roles, so the first device may be the one that computes node 0 in
+    stage 0: ``R[0, 0, 0]`` is fixed at 1. It removes the mirror image of every schedule in
+    which a twin computes node 0, never an optimum's cost.
 """
 
 from __future__ import annotations
@@ -172,21 +177,42 @@ class Formulation:
     """(node, bytes) when some node fits on no device: the model is infeasible as built."""
 
 
+def twin_of_first(inst: Instance) -> bool:
+    """Whether some other device is interchangeable with the first: the same compute costs
+    and budget, and copy costs that do not change when the two swap roles."""
+    C, CP, budgets = inst.compute_s, inst.copy_s, inst.budgets
+    for d in range(1, inst.n_devices):
+        perm = np.arange(inst.n_devices)
+        perm[[0, d]] = perm[[d, 0]]
+        if (
+            np.array_equal(C[0], C[d])
+            and budgets[0] == budgets[d]
+            and np.array_equal(CP, CP[np.ix_(perm, perm)])
+        ):
+            return True
+    return False
+
+
 def build(
     inst: Instance,
     mode: str = "exact",
     linearize: bool = True,
     reference: bool = False,
     free_rows: str = "hazard",
+    break_symmetry: bool = False,
 ) -> Formulation:
     """Build the model for ``inst``. See the module docstring for the two modes and for
-    ``reference`` (the published form, unreduced) and ``free_rows`` (hazard | tight)."""
+    ``reference`` (the published form, unreduced), ``free_rows`` (hazard | tight) and
+    ``break_symmetry``."""
     if mode not in MODES:
         raise ValueError(f"formulation mode {mode!r} is not one of {MODES}")
     if free_rows not in FREE_ROWS:
         raise ValueError(f"free_rows {free_rows!r} is not one of {FREE_ROWS}")
-    if reference and free_rows != "hazard":
-        raise ValueError("reference=True is the published model: it uses free_rows='hazard'")
+    if reference and (free_rows != "hazard" or break_symmetry):
+        raise ValueError(
+            "reference=True is the published model: it uses free_rows='hazard' and no "
+            "symmetry breaking"
+        )
     t0 = time.perf_counter()
     g = inst.graph
     D, n = inst.n_devices, g.size
@@ -268,6 +294,8 @@ def build(
             cols = np.flatnonzero(cannot_run[d])
             if cols.size:
                 b.fix(Rix[d][:, cols].ravel(), 0.0)
+        if break_symmetry and twin_of_first(inst) and not cannot_run[0, 0]:
+            b.fix(Rix[0, :1, 0], 1.0)
 
     lt_t, lt_i = np.nonzero(tri_lt)
     k_lt = lt_t.size
