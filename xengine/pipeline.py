@@ -987,9 +987,7 @@ def _row(label: str, res: StrategyResult) -> RunRow:
 
 def _torch_device(device: str) -> str:
     """The torch device behind a device name (``cpu2`` and ``cpu`` are both ``cpu``)."""
-    from xengine.execute.executor import parse_device
-
-    return str(parse_device(device).torch_device)
+    return _numerics(device)[0]
 
 
 def reference_devices(devices: tuple[str, ...]) -> list[str]:
