@@ -271,6 +271,11 @@ def test_twins_are_recognised():
     assert twin_of_first(Instance(g, ("a", "a2"), (10**6, 10**6)))
     assert not twin_of_first(Instance(g, ("a", "a2"), (10**6, 10**6 - 1)))  # other budget
     assert not twin_of_first(Instance(random_graph(0), ("a", "b"), (10**6, 10**6)))
+    inst = Instance(g, ("a", "a2"), (10**6, 10**6))
+    fixed = build(inst, break_symmetry=True)
+    r000 = fixed.Rix[0, 0, 0]
+    assert fixed.model.lb[r000] == 1.0  # the first twin computes node 0 in stage 0
+    assert build(inst).model.lb[r000] == 0.0
 
 
 @pytest.mark.parametrize("seed", range(4))
