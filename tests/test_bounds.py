@@ -92,3 +92,64 @@ def test_a_milp_stopped_at_its_limit_reports_the_better_bound():
     assert above.status == "feasible"
     assert above.best_bound_s == pytest.approx(bound)
     assert above.gap == pytest.approx(1 - 1 / 1.1)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_lp_bound_by_interior_point_matches_the_simplex_optimum(seed):
+    """The interior-point bound is taken from multipliers, not trusted from the solver; on a
+    relaxation both methods solve it lands on the simplex optimum, never above it."""
+    g = random_graph(seed, devices=("a", "b"), latency_s=0.3)
+    peak = g.keep_all_peak_bytes()
+    low = int(g.node_lower_bound_bytes().max())
+    inst = Instance(g, ("a", "b"), (int(low + 0.3 * (peak - low)),) * 2)
+    simplex = lp_bound_s(inst, method="simplex")
+    ipm = lp_bound_s(inst, method="ipm")
+    assert simplex is not None and ipm is not None
+    assert ipm <= simplex * (1 + 1e-9)
+    assert ipm == pytest.approx(simplex, rel=1e-6)
+
+
+def test_lp_bound_rejects_an_unknown_method():
+    g = random_graph(0, devices=("a",))
+    with pytest.raises(ValueError, match="method must be"):
+        lp_bound_s(Instance(g, ("a",), (10**12,)), method="barrier")
+
+
+def _small_lp():
+    """min -x0 - 2 x1  s.t.  x0 + x1 <= 1.5,  x1 - x0 >= -0.5,  0 <= x <= 1: optimum -2.5 at
+    (0.5, 1); the multipliers (-1, 0) on the rows (reduced costs (0, -1)) prove it."""
+    import numpy as np
+    import scipy.sparse as sp
+
+    from xengine.solvers import MilpModel
+
+    return MilpModel(
+        c=np.array([-1.0, -2.0]),
+        A=sp.csr_matrix(np.array([[1.0, 1.0], [-1.0, 1.0]])),
+        row_lb=np.array([-np.inf, -0.5]),
+        row_ub=np.array([1.5, np.inf]),
+        lb=np.zeros(2),
+        ub=np.ones(2),
+        integrality=np.zeros(2, dtype=bool),
+    )
+
+
+def test_dual_bound_is_the_optimum_at_optimal_multipliers_and_below_it_elsewhere():
+    import numpy as np
+
+    from xengine.solvers import SolverOptions as Opts
+    from xengine.solvers import solve
+
+    model = _small_lp()
+    assert model.dual_bound(np.array([-1.0, 0.0])) == pytest.approx(-2.5)
+    rng = np.random.default_rng(0)
+    for _ in range(200):  # weak duality: any multipliers, however wrong, bound from below
+        assert model.dual_bound(rng.normal(size=2) * 3) <= -2.5 + 1e-12
+    # multipliers pointing at a row's infinite side are dropped, not turned into -inf
+    assert np.isfinite(model.dual_bound(np.array([1.0, -1.0])))
+    for method in ("simplex", "ipm"):
+        sr = solve(model, "highs", Opts(relax=True, lp_method=method))
+        assert sr.row_dual is not None
+        assert model.dual_bound(sr.row_dual) == pytest.approx(-2.5, abs=1e-7)
+    with pytest.raises(ValueError, match="shape"):
+        model.dual_bound(np.zeros(3))

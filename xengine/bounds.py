@@ -5,8 +5,9 @@ model restricted to a placement) has none that holds for the problem. These two 
 formulation found the schedule, so every schedule's gap can be read against them:
 
 * :func:`lp_bound_s`: the LP relaxation of the exact MILP. It sees the memory limits, but it
-  is an LP over D x T x T variables: on resnet50 with two devices HiGHS does not solve it in
-  300 s.
+  is an LP over D x T x T variables (705k on resnet50 with two devices, where the simplex
+  does not finish in 300 s); by default it is solved by interior point and the bound taken
+  from the multipliers, which is proven whatever their accuracy.
 * :func:`placement_bound_s`: the problem without memory limits and without stages. Which
   devices compute each node, and which reads need a copy, as a small MILP (2 D n + D |E|
   variables, solved in well under a second at resnet50's size). It cannot see recomputation
@@ -24,7 +25,10 @@ from xengine.solvers import ModelBuilder, SolverOptions, solve
 
 
 def lp_bound_s(
-    inst: Instance, options: SolverOptions | None = None, build_options: dict | None = None
+    inst: Instance,
+    options: SolverOptions | None = None,
+    build_options: dict | None = None,
+    method: str = "ipm",
 ) -> float | None:
     """Lower bound on any schedule's time: the LP relaxation of the exact model (HiGHS).
 
@@ -32,15 +36,34 @@ def lp_bound_s(
     are never below the exact model's). ``build_options`` pick the written form
     (:func:`xengine.formulation.build`); the forms' relaxations can differ. ``None`` when the
     LP is not solved within ``options.time_limit_s`` or a node cannot run on any device.
+
+    ``method="ipm"`` (default) solves the relaxation by interior point without crossover and
+    takes the bound from the solver's row multipliers through
+    :meth:`~xengine.solvers.model.MilpModel.dual_bound`, which holds for any multipliers, so
+    the bound is proven although the interior point is only accurate to its tolerance (it
+    lands within 1e-7 of the simplex optimum on resnet18). It solves relaxations the simplex
+    does not: measured in ``experiments/lp_bound_speed.py``. ``method="simplex"`` returns
+    the simplex optimum (HiGHS's objective at its tolerances).
     """
     options = options or SolverOptions()
+    if method not in ("ipm", "simplex"):
+        raise ValueError(f"method must be 'ipm' or 'simplex', not {method!r}")
     form = build(inst, mode="exact", **(build_options or {}))
     if form.blocked is not None:
         return None
     relax = SolverOptions(
-        time_limit_s=options.time_limit_s, threads=options.threads, seed=options.seed, relax=True
+        time_limit_s=options.time_limit_s,
+        threads=options.threads,
+        seed=options.seed,
+        relax=True,
+        lp_method=method,
     )
     sr = solve(form.model, "highs", relax)
+    if method == "ipm":
+        if sr.row_dual is None:
+            return None
+        bound = form.model.dual_bound(sr.row_dual)
+        return float(bound) * form.time_scale if np.isfinite(bound) else None
     if sr.status != "optimal" or sr.objective is None:
         return None
     return float(sr.objective) * form.time_scale

@@ -72,6 +72,11 @@ def solve_highs(
     h.setOptionValue("random_seed", int(options.seed))
     if not _presolve:
         h.setOptionValue("presolve", "off")
+    if options.relax and options.lp_method != "simplex":
+        if options.lp_method != "ipm":
+            raise ValueError(f"lp_method must be 'simplex' or 'ipm', not {options.lp_method!r}")
+        h.setOptionValue("solver", "ipm")
+        h.setOptionValue("run_crossover", "off")
 
     lp = highspy.HighsLp()
     lp.num_col_ = model.n_vars
@@ -163,6 +168,11 @@ def solve_highs(
         status = "feasible"
     if is_mip and bound is not None and not np.isfinite(bound):
         bound = None
+    row_dual = None
+    if not is_mip:
+        sol = h.getSolution()
+        if sol.dual_valid:
+            row_dual = np.array(sol.row_dual, dtype=float)
     return SolveResult(
         solver="highs",
         status=status,
@@ -174,4 +184,5 @@ def solve_highs(
         message=h.modelStatusToString(ms),
         time_to_first_s=first[0] if first else (elapsed if x is not None else None),
         n_nodes=int(getattr(info, "mip_node_count", 0) or 0),
+        row_dual=row_dual,
     )

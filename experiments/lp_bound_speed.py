@@ -1,0 +1,139 @@
+"""LP-relaxation bound: simplex against interior point (issue 5), side by side in one run.
+
+For each net (shipped CPU + H200 costs, two devices, a budget fraction of keep-everything on
+each) the exact model is built once and its relaxation solved by HiGHS's dual simplex and by
+its interior point without crossover (:func:`xengine.bounds.lp_bound_s`). The interior-point
+bound is computed from the multipliers by weak duality, so both columns are proven bounds;
+their difference is the interior point's inaccuracy. Writes
+``results/lp_bound_speed/lp_bound_speed.{csv,png}``.
+
+    python experiments/lp_bound_speed.py --nets vgg16,resnet18,resnet50 --time-limit-s 600
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import logging
+import sys
+import time
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from experiments.solver_benchmark import net_graph  # noqa: E402
+from xengine.bounds import lp_bound_s  # noqa: E402
+from xengine.formulation import build  # noqa: E402
+from xengine.problem import Instance  # noqa: E402
+from xengine.solvers import SolverOptions  # noqa: E402
+
+log = logging.getLogger("lp_bound_speed")
+METHODS = ("simplex", "ipm")
+FIELDS = [
+    "graph",
+    "batch_size",
+    "n_nodes",
+    "budget_fraction",
+    "n_vars",
+    "n_rows",
+    "method",
+    "threads",
+    "time_limit_s",
+    "solve_s",
+    "lp_bound_ms",
+]
+
+
+def plot(rows: list[dict], path: Path, time_limit_s: float) -> None:
+    graphs = list(dict.fromkeys(r["graph"] for r in rows))
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    width = 0.38
+    for k, method in enumerate(METHODS):
+        xs, hs, labels = [], [], []
+        for i, gname in enumerate(graphs):
+            r = next((r for r in rows if r["graph"] == gname and r["method"] == method), None)
+            if r is None:
+                continue
+            xs.append(i + (k - 0.5) * width)
+            hs.append(float(r["solve_s"]))
+            b = r["lp_bound_ms"]
+            labels.append("no bound" if b in ("", None) else f"{float(b):.3f} ms")
+        bars = ax.bar(xs, hs, width, label=method)
+        ax.bar_label(bars, labels, fontsize=7, padding=2)
+    ax.axhline(time_limit_s, color="grey", ls=":", lw=1, label=f"limit {time_limit_s:.0f} s")
+    ax.set_xticks(range(len(graphs)), graphs)
+    ax.set_ylabel("time to the LP bound (s)")
+    ax.set_title("LP relaxation, two devices (CPU + H200 costs): simplex vs interior point")
+    ax.title.set_fontsize(9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nets", default="vgg16,resnet18,resnet50")
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--budget", type=float, default=0.5, help="fraction of keep-everything")
+    ap.add_argument("--time-limit-s", type=float, default=600.0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--out", type=Path, default=ROOT / "results" / "lp_bound_speed")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    methods = [m for m in args.methods.split(",") if m]
+    options = SolverOptions(time_limit_s=args.time_limit_s, threads=args.threads)
+    rows: list[dict] = []
+    csv_path = args.out / "lp_bound_speed.csv"
+    args.out.mkdir(parents=True, exist_ok=True)
+    for net in [x for x in args.nets.split(",") if x]:
+        g = net_graph(net, args.batch_size, "h200")
+        budget = int(args.budget * g.keep_all_peak_bytes())
+        inst = Instance(g, ("a", "b"), (budget, budget))
+        model = build(inst).model
+        for method in methods:
+            t0 = time.perf_counter()
+            bound = lp_bound_s(inst, options, method=method)
+            el = time.perf_counter() - t0
+            log.info("%s %s: %s in %.1f s", net, method, bound, el)
+            rows.append(
+                {
+                    "graph": net,
+                    "batch_size": args.batch_size,
+                    "n_nodes": g.size,
+                    "budget_fraction": args.budget,
+                    "n_vars": model.n_vars,
+                    "n_rows": model.n_rows,
+                    "method": method,
+                    "threads": args.threads,
+                    "time_limit_s": args.time_limit_s,
+                    "solve_s": round(el, 2),
+                    "lp_bound_ms": "" if bound is None else round(bound * 1e3, 6),
+                }
+            )
+            # written after every solve: a run stopped later keeps what it measured
+            with csv_path.open("w", newline="") as fh:
+                w = csv.DictWriter(fh, fieldnames=FIELDS)
+                w.writeheader()
+                w.writerows(rows)
+    plot(rows, args.out / "lp_bound_speed.png", args.time_limit_s)
+    print(f"{'graph':10} {'method':8} {'n_vars':>8} {'solve s':>8} {'LP bound ms':>12}")
+    for r in rows:
+        print(
+            f"{r['graph']:10} {r['method']:8} {r['n_vars']:>8} {r['solve_s']:>8} "
+            f"{r['lp_bound_ms'] or '-':>12}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
