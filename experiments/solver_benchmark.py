@@ -41,6 +41,7 @@ from baselines.checkmate import min_feasible_budget_bytes  # noqa: E402
 from baselines.heuristics import best_fitting, run_heuristics  # noqa: E402
 from baselines.lp_rounding import solve_lp_rounding  # noqa: E402
 from xengine.bounds import lp_bound_s, placement_bound_s  # noqa: E402
+from xengine.coarsen import coarsen, solve_coarse  # noqa: E402
 from xengine.distribute import start_candidates  # noqa: E402
 from xengine.graph.synthetic import training_graph  # noqa: E402
 from xengine.graph.types import CopyModel, Graph  # noqa: E402
@@ -57,10 +58,17 @@ FORMULATIONS: dict[str, dict] = {
     "tight": {"free_rows": "tight"},
     "symmetry": {"break_symmetry": True},
     "intervals": {},
+    "coarse2": {},
+    "coarse3": {},
 }
 """Name -> keyword arguments of :func:`xengine.formulation.build`. ``intervals`` is the
 retention-interval model of :mod:`xengine.intervals`; it always runs on CP-SAT (its rows say
-``solver=cpsat``) and is compared with the MILP rows of the same instance."""
+``solver=cpsat``) and is compared with the MILP rows of the same instance. ``coarse<k>`` is
+the default MILP on the coarsened graph (:mod:`xengine.coarsen`, runs of up to ``k`` ops
+fused), its schedule expanded to the fine graph: its row's objective is the fine simulated
+time (an upper bound on the fine optimum, never a bound below it) and its model figures are
+the coarse model's."""
+COARSE = {"coarse2": 2, "coarse3": 3}
 
 BUDGETS = (("90%", 0.9), ("70%", 0.7), ("50%", 0.5), ("min", None))
 NETS = ("vgg16", "resnet18", "mobilenet_v2", "resnet50")
@@ -281,10 +289,15 @@ def run_one(
         "warm_start": "",
         "note": "",
     }
+    coarsening = None
+    solve_inst = inst  # the instance the solver sees (warm starts are built for it)
+    if formulation in COARSE:
+        coarsening = coarsen(g, COARSE[formulation])
+        solve_inst = coarsening.instance(inst)
     x0 = None
     if warm in ("heuristic", "spread"):
         t_ws = time.perf_counter()
-        ws = warm_schedule(inst)
+        ws = warm_schedule(solve_inst)
         if ws is not None:
             x0 = ws.schedule.on_devices(inst.devices)
             row["warm_start"] = ws.strategy
@@ -293,19 +306,24 @@ def run_one(
             total = int(sum(inst.budget_bytes))
             singles = []
             for d in range(inst.n_devices):
-                res = best_fitting(run_heuristics(inst.only_device(d, total)))
+                res = best_fitting(run_heuristics(solve_inst.only_device(d, total)))
                 if res is not None:
                     singles.append((f"{res.strategy} on {inst.devices[d]}", res.schedule))
-            for label, sched in start_candidates(inst, singles, solver, options, mode=mode):
-                t_s = simulate(inst, sched).time_s
+            for label, sched in start_candidates(solve_inst, singles, solver, options, mode=mode):
+                t_s = simulate(solve_inst, sched).time_s
                 if x0 is None or t_s < row["warm_start_s"]:
                     x0, row["warm_start"], row["warm_start_s"] = sched, label, t_s
         row["warm_start_time_s"] = time.perf_counter() - t_ws
     t0 = time.perf_counter()
     try:
-        res = solve_xengine(
-            inst, solver=solver, mode=mode, options=options, warm_start=x0, build_options=bopts
-        )
+        if coarsening is not None:
+            res = solve_coarse(
+                inst, coarsening, solver=solver, mode=mode, options=options, warm_start=x0
+            )
+        else:
+            res = solve_xengine(
+                inst, solver=solver, mode=mode, options=options, warm_start=x0, build_options=bopts
+            )
     except SolverUnavailable as exc:
         row.update(status="unavailable", note=str(exc).splitlines()[0])
         return row
@@ -324,9 +342,22 @@ def run_one(
         best_bound_s=res.best_bound_s,
         gap=res.gap,
     )
-    if res.status == "infeasible" and res.message:
+    if res.status in ("infeasible", "no_solution") and res.message:
         row["note"] = res.message[:200]
-    if res.sim is not None:
+    if coarsening is not None:
+        # the number a coarse solve reports is its expansion's fine simulated time; the coarse
+        # model must still agree with the coarse simulator
+        cobj, csim = res.extra.get("coarse_objective_s"), res.extra.get("coarse_sim_time_s")
+        row["objective_s"] = None if res.sim is None else res.sim.time_s
+        row["best_bound_s"] = row["gap"] = None
+        if cobj is not None and csim is not None:
+            ok = abs(cobj - csim) <= REL_TOL * max(1.0, abs(csim))
+            row["agree"] = ok
+            note = f"{res.extra['coarse_nodes']} coarse nodes, coarse objective {cobj:.6g} s"
+            row["note"] = note if ok else f"BUG: coarse model {cobj:.9g} vs simulator {csim:.9g}"
+        if res.status == "error":  # the expansion was refused by the fine simulator
+            row["note"] = f"BUG: {res.message[:200]}"
+    elif res.sim is not None:
         ok = agree(res)
         row["agree"] = ok
         if not ok:
@@ -471,9 +502,56 @@ def plot(rows: list[dict], path: Path, time_limit_s: float | None) -> None:
     plt.close(fig)
 
 
+def plot_coarsening(rows: list[dict], path: Path) -> bool:
+    """What coarsening costs and saves: per instance, the coarse row's schedule time over the
+    ``default`` row's (fine MILP, same solver and limit) against their solve-time ratio.
+    Returns False (and writes nothing) when the run has no coarse rows with a default row."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    key = ("graph", "n_devices", "budget", "solver", "repeat")
+    base = {
+        tuple(r[k] for k in key): r
+        for r in rows
+        if r["formulation"] == "default" and r.get("objective_s") not in (None, "")
+    }
+    pts: dict[str, list[tuple[float, float, str]]] = {}
+    for r in rows:
+        b = base.get(tuple(r[k] for k in key))
+        if r["formulation"] not in COARSE or b is None or r.get("objective_s") in (None, ""):
+            continue
+        excess = 100 * (float(r["objective_s"]) / float(b["objective_s"]) - 1)
+        speed = float(r["solve_s"]) / max(float(b["solve_s"]), 1e-9)
+        tag = f"{r['graph']} D{r['n_devices']} {r['budget']}"
+        pts.setdefault(r["formulation"], []).append((speed, excess, tag))
+    if not pts:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4.6))
+    for form, ps in sorted(pts.items()):
+        ax.scatter([p[0] for p in ps], [p[1] for p in ps], label=form, alpha=0.8)
+        for sx, ex, tag in ps:
+            ax.annotate(tag, (sx, ex), fontsize=6, xytext=(3, 2), textcoords="offset points")
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.axvline(1, color="grey", lw=0.8, ls=":")
+    ax.set_xscale("log")
+    ax.set_xlabel("solve time, coarse / fine default (log)")
+    ax.set_ylabel("schedule time over the fine default's (%)")
+    ax.set_title("Coarsening: expanded coarse schedule vs the fine MILP (same solver, limit)")
+    ax.title.set_fontsize(9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
 def summary(rows: list[dict], formulations: list[str]) -> str:
     """Per instance: median solve time per (solver, formulation), status, and the ratio of
-    each to the first column (``default`` when it runs)."""
+    each to the first column (``default`` when it runs). A coarse column's status is its
+    schedule's time over the first column's, in percent."""
     rows = [r for r in rows if r["status"] not in ("bug", "unavailable")]
     milp_solvers = sorted({r["solver"] for r in rows if r["formulation"] != "intervals"})
 
@@ -509,6 +587,10 @@ def summary(rows: list[dict], formulations: list[str]) -> str:
             st = rs[0]["status"] if rs else "-"
             if st == "feasible" and rs[0].get("gap") not in (None, ""):
                 st = f"gap {100 * rs[0]['gap']:.2f}%"
+            base_obj = by.get(base, [{}])[0].get("objective_s")
+            if rs and c.split("/")[-1] in COARSE and rs[0].get("objective_s") not in (None, ""):
+                if base_obj not in (None, ""):  # what coarsening costs, against the base
+                    st = f"{100 * (float(rs[0]['objective_s']) / float(base_obj) - 1):+.2f}%"
             cells += ["-" if meds[c] is None else f"{meds[c]:.2f}", st]
         for c in others:
             a, b = meds.get(c), meds.get(base)
@@ -620,6 +702,7 @@ def main(argv: list[str] | None = None) -> int:
     csv_path = args.out / "solver_benchmark.csv"
     write_csv(rows, csv_path)
     plot(rows, args.out / "solver_benchmark.png", args.time_limit_s)
+    plot_coarsening(rows, args.out / "coarsening.png")
     log.info("%d rows in %.1f s -> %s", len(rows), time.perf_counter() - t_all, csv_path)
     print(summary(rows, forms))
     n_bug = sum(r["status"] == "bug" or str(r.get("note", "")).startswith("BUG") for r in rows)

@@ -77,3 +77,30 @@ def test_cross_check_allows_the_solvers_gap_between_proven_optima():
     far = [row("default", 111.801), row("intervals", 111.9)]
     bugs = solver_benchmark.cross_check(far, rel_gap=1e-4)
     assert len(bugs) == 1 and "optima differ" in bugs[0]["note"]
+
+
+def test_coarse_rows_report_the_expanded_fine_schedule(tmp_path):
+    """A coarse row's objective is its expansion's fine simulated time: never below the fine
+    optimum (the run's cross-check would add a bug row), from a smaller model."""
+    rc = solver_benchmark.main(
+        [
+            "--suite=quick",
+            "--graphs=chain16",
+            "--devices=1",
+            "--budgets=90%",
+            "--time-limit-s=30",
+            "--formulations=default,coarse2",
+            "--no-lp-bound",
+            f"--out={tmp_path}",
+        ]
+    )
+    assert rc == 0
+    fine, coarse = list(csv.DictReader((tmp_path / "solver_benchmark.csv").open()))
+    assert (fine["formulation"], coarse["formulation"]) == ("default", "coarse2")
+    assert fine["status"] == "optimal" and coarse["status"] == "feasible"
+    assert coarse["agree"] == "True" and "coarse nodes" in coarse["note"]
+    assert float(coarse["objective_s"]) >= float(fine["objective_s"]) * (1 - 1e-9)
+    assert int(coarse["n_vars"]) < int(fine["n_vars"])
+    assert coarse["best_bound_s"] == "" and coarse["gap"] == ""
+    assert float(coarse["placement_bound_s"]) <= float(coarse["objective_s"])
+    assert (tmp_path / "coarsening.png").stat().st_size > 0
