@@ -392,7 +392,7 @@ def run_one(
         solver,
         formulation,
         res.status,
-        "-" if res.objective_s is None else f"{res.objective_s:.6g}",
+        "-" if row["objective_s"] is None else f"{row['objective_s']:.6g}",
         res.solve_time_s,
         res.build_time_s,
         "-" if row["time_to_first_s"] is None else f"{row['time_to_first_s']:.2f} s",

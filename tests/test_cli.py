@@ -147,6 +147,7 @@ def test_budget_error_names_the_smallest_budget(graph_file):
         (RunConfig(n_steps=0), ConfigError),
         (RunConfig(formulation="fast"), ConfigError),
         (RunConfig(formulation="intervals", max_computes=0), ConfigError),
+        (RunConfig(coarsen=0), ConfigError),
     ],
 )
 def test_config_validation(cfg, error):
@@ -432,6 +433,39 @@ def test_intervals_formulation_gives_xengine_the_exact_models_optimum(tmp_path):
     assert ex.status == "optimal" and iv.status in ("optimal", "feasible")
     assert iv.sim.within_budget
     assert iv.sim.time_s >= ex.sim.time_s - 1e-9
+
+
+@pytest.mark.parametrize(
+    ("mem", "expect"),
+    [({"all": "7MiB", "cuda": "6MiB"}, "feasible"), ({"all": "5MiB", "cuda": "4MiB"}, "none")],
+)
+def test_coarsen_solves_xengine_on_the_fused_graph_and_reports_the_fine_schedule(
+    tmp_path, mem, expect
+):
+    """coarsen=k: XEngine's row holds the expanded schedule, checked on the run's own graph,
+    never below the fine optimum, and says it was coarsened (no bound, so not optimal). Where
+    the fused nodes need more memory than the budgets give, the row says so and does not
+    call the instance infeasible."""
+    path = tmp_path / "two.json"
+    save_graph(_chain_graph(devices=("cpu", "cuda")), path)
+    base = dict(
+        graph_path=str(path),
+        devices=("cpu", "cuda"),
+        mem=mem,
+        strategies=("checkmate",),
+        solver_options=SolverOptions(time_limit_s=10),
+    )
+    fine = {r.label: r for r in run_pipeline(RunConfig(**base), Recorder())}["xengine"]
+    assert fine.status == "optimal"
+    xe = {r.label: r for r in run_pipeline(RunConfig(**base, coarsen=2), Recorder())}["xengine"]
+    assert xe.strategy == "xengine" and xe.result.extra["coarse_nodes"] == 7  # of 13
+    if expect == "feasible":
+        assert xe.status == "feasible" and xe.note.startswith("solved on the coarsened graph")
+        assert xe.result.schedule.R.shape == fine.result.schedule.R.shape
+        assert xe.result.sim.within_budget
+        assert xe.predicted_time_s >= fine.predicted_time_s - 1e-9
+    else:
+        assert xe.status == "no_solution" and "fine problem may still have schedules" in xe.note
 
 
 def test_protocol_lists_single_device_schedules_that_do_not_fit(tmp_path):

@@ -305,6 +305,11 @@ def solve_coarse(
         log.error("%s: %s", res.strategy, res.message)
         return res
     res.schedule, res.sim = fine, sim
+    res.message = (
+        f"solved on the coarsened graph ({c.graph.size} of {inst.size} nodes, runs of up to "
+        f"{c.graph.meta.get('coarsen_max_group', max_group)} ops fused): coarse model "
+        f"{res.extra['coarse_status']}, no bound for this graph"
+    )
     if res.status == "optimal":
         res.status = "feasible"
     if sim.violations:

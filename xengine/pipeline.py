@@ -110,6 +110,7 @@ class RunConfig:
     solver_options: SolverOptions = field(default_factory=SolverOptions)
     formulation: str = "exact"
     max_computes: int = 2  # formulation=intervals: computations per node and device
+    coarsen: int | None = None  # xengine: fuse runs of up to this many ops (xengine.coarsen)
     strategies: tuple[str, ...] = DEFAULT_STRATEGIES
     execute: bool = True
     n_steps: int = 5
@@ -215,6 +216,8 @@ class RunConfig:
             )
         if self.max_computes < 1:
             raise ConfigError(f"max_computes={self.max_computes} must be at least 1")
+        if self.coarsen is not None and self.coarsen < 1:
+            raise ConfigError(f"coarsen={self.coarsen} must be at least 1 (or null: off)")
         opts = self.solver_options
         if opts.time_limit_s is not None and opts.time_limit_s <= 0:
             raise ConfigError(f"solver.time_limit_s={opts.time_limit_s} must be positive (or null)")
@@ -906,6 +909,15 @@ def _solve(
         if cfg.formulation == "intervals":  # a CP-SAT model; solver= is for the MILPs
             kwargs["solver"] = "cpsat"
             kwargs["build_options"] = {"max_computes": cfg.max_computes}
+    target = _load(spec.target)
+    if name == "xengine" and cfg.coarsen is not None:
+        # the coarse model is solved and its schedule expanded to this graph; a start for the
+        # fine graph does not fit the coarse one, so the coarse model starts without one
+        from xengine.coarsen import solve_coarse
+
+        kwargs.pop("warm_start", None)
+        kwargs.update(max_group=cfg.coarsen, strategy=name)
+        target = solve_coarse
     if name == "lp_rounding":  # the LP runs under the same options (time limit, threads)
         kwargs.update(seed=cfg.seed, options=cfg.solver_options)
     if name == "checkmate":
@@ -913,7 +925,7 @@ def _solve(
     log.info("%s: solving on %s, budget %s", label, ",".join(inst.devices), _budget_list(inst))
     t0 = time.perf_counter()
     try:
-        res = _load(spec.target)(inst, **kwargs)
+        res = target(inst, **kwargs)
     except Exception as exc:  # a failing strategy is recorded, the run goes on
         log.warning("%s failed: %s: %s", label, type(exc).__name__, exc)
         log.info("%s traceback", label, exc_info=True)
