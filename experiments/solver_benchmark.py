@@ -46,6 +46,7 @@ from xengine.distribute import start_candidates  # noqa: E402
 from xengine.graph.synthetic import training_graph  # noqa: E402
 from xengine.graph.types import CopyModel, Graph  # noqa: E402
 from xengine.problem import Instance  # noqa: E402
+from xengine.schedule import Schedule  # noqa: E402
 from xengine.simulate import simulate  # noqa: E402
 from xengine.solve import agree, solve_xengine  # noqa: E402
 from xengine.solvers import SolverOptions, SolverUnavailable  # noqa: E402
@@ -257,6 +258,54 @@ def warm_schedule(inst: Instance):
     return best
 
 
+def starting_schedule(
+    inst: Instance, warm: str, solver: str, options: SolverOptions, mode: str
+) -> tuple[Schedule | None, str, float | None]:
+    """(schedule, label, simulated time) of the best start of kind ``warm`` for ``inst``.
+
+    ``heuristic``: the best one-device heuristic schedule that fits; ``spread``: also the
+    one-device heuristics spread over the devices and the placed model
+    (:func:`xengine.distribute.start_candidates`)."""
+    x0, label, t0_s = None, "", None
+    ws = warm_schedule(inst)
+    if ws is not None:
+        x0, label, t0_s = ws.schedule.on_devices(inst.devices), ws.strategy, ws.sim.time_s
+    if warm == "spread" and inst.n_devices > 1:
+        total = int(sum(inst.budget_bytes))
+        singles = []
+        for d in range(inst.n_devices):
+            res = best_fitting(run_heuristics(inst.only_device(d, total)))
+            if res is not None:
+                singles.append((f"{res.strategy} on {inst.devices[d]}", res.schedule))
+        for lab, sched in start_candidates(inst, singles, solver, options, mode=mode):
+            t_s = simulate(inst, sched).time_s
+            if x0 is None or t_s < t0_s:
+                x0, label, t0_s = sched, lab, t_s
+    return x0, label, t0_s
+
+
+def coarse_start_schedule(
+    inst: Instance, max_group: int, options: SolverOptions
+) -> tuple[Schedule | None, str, float | None]:
+    """The default MILP (HiGHS) on the coarsened graph, from its own spread start, for a
+    quarter of the time limit; its expansion is a start for the fine model. (None, "", None)
+    when the coarse model has no schedule (its fused nodes need more memory)."""
+    c = coarsen(inst.graph, max_group)
+    c_inst = c.instance(inst)
+    quarter = replace(
+        options,
+        time_limit_s=None if options.time_limit_s is None else options.time_limit_s / 4,
+        threads=1,
+    )
+    x0, _, _ = starting_schedule(c_inst, "spread", "highs", quarter, "exact")
+    res = solve_coarse(inst, c, solver="highs", options=quarter, warm_start=x0)
+    if res.sim is None or not res.sim.within_budget:
+        log.info("coarse start (max_group %d): none (%s)", max_group, res.message[:120])
+        return None, "", None
+    log.info("coarse start (max_group %d): %.6g s", max_group, res.sim.time_s)
+    return res.schedule, f"coarse{max_group} MILP, expanded", res.sim.time_s
+
+
 def run_one(
     case: Case,
     budget: tuple[str, int],
@@ -267,6 +316,7 @@ def run_one(
     with_lp: bool,
     repeat: int,
     with_rounding: bool = False,
+    coarse_start: int = 0,
 ) -> dict:
     g = case.graph
     inst = Instance(g, case.devices, tuple([budget[1]] * len(case.devices)))
@@ -295,24 +345,15 @@ def run_one(
         coarsening = coarsen(g, COARSE[formulation])
         solve_inst = coarsening.instance(inst)
     x0 = None
-    if warm in ("heuristic", "spread"):
+    if warm != "none":
         t_ws = time.perf_counter()
-        ws = warm_schedule(solve_inst)
-        if ws is not None:
-            x0 = ws.schedule.on_devices(inst.devices)
-            row["warm_start"] = ws.strategy
-            row["warm_start_s"] = ws.sim.time_s
-        if warm == "spread" and inst.n_devices > 1:
-            total = int(sum(inst.budget_bytes))
-            singles = []
-            for d in range(inst.n_devices):
-                res = best_fitting(run_heuristics(solve_inst.only_device(d, total)))
-                if res is not None:
-                    singles.append((f"{res.strategy} on {inst.devices[d]}", res.schedule))
-            for label, sched in start_candidates(solve_inst, singles, solver, options, mode=mode):
-                t_s = simulate(solve_inst, sched).time_s
-                if x0 is None or t_s < row["warm_start_s"]:
-                    x0, row["warm_start"], row["warm_start_s"] = sched, label, t_s
+        x0, row["warm_start"], row["warm_start_s"] = starting_schedule(
+            solve_inst, warm, solver, options, mode
+        )
+        if coarse_start and coarsening is None:
+            sched, label, t_s = coarse_start_schedule(inst, coarse_start, options)
+            if sched is not None and (x0 is None or t_s < row["warm_start_s"]):
+                x0, row["warm_start"], row["warm_start_s"] = sched, label, t_s
         row["warm_start_time_s"] = time.perf_counter() - t_ws
     t0 = time.perf_counter()
     try:
@@ -627,6 +668,15 @@ def main(argv: list[str] | None = None) -> int:
         "heuristics spread over the devices and the placed model (xengine.distribute), whose "
         "time (warm_start_time_s) is not in solve_s",
     )
+    ap.add_argument(
+        "--coarse-start",
+        type=int,
+        default=0,
+        metavar="K",
+        help="with --warm-start: also solve the graph coarsened to runs of up to K ops "
+        "(HiGHS, a quarter of the time limit, its own spread start) and start the fine model "
+        "from its expansion when that is faster (counted in warm_start_time_s)",
+    )
     ap.add_argument("--no-lp-bound", action="store_true", help="skip the LP-relaxation bound")
     ap.add_argument(
         "--rounding",
@@ -696,6 +746,7 @@ def main(argv: list[str] | None = None) -> int:
                                 not args.no_lp_bound,
                                 rep,
                                 with_rounding=args.rounding and form == forms[0],
+                                coarse_start=args.coarse_start,
                             )
                         )
     rows += cross_check(rows, options.rel_gap)

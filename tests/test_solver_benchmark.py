@@ -104,3 +104,31 @@ def test_coarse_rows_report_the_expanded_fine_schedule(tmp_path):
     assert coarse["best_bound_s"] == "" and coarse["gap"] == ""
     assert float(coarse["placement_bound_s"]) <= float(coarse["objective_s"])
     assert (tmp_path / "coarsening.png").stat().st_size > 0
+
+
+def test_coarse_start_is_taken_only_when_it_beats_the_spread_start(tmp_path):
+    rc = solver_benchmark.main(
+        [
+            "--suite=quick",
+            "--graphs=chain32",
+            "--devices=2",
+            "--budgets=90%",
+            "--time-limit-s=20",
+            "--formulations=default",
+            "--warm-start=spread",
+            "--coarse-start=2",
+            "--no-lp-bound",
+            f"--out={tmp_path}",
+        ]
+    )
+    assert rc == 0
+    (row,) = list(csv.DictReader((tmp_path / "solver_benchmark.csv").open()))
+    g = solver_benchmark.synthetic("chain", 32)
+    inst = solver_benchmark.Instance(g, ("a", "b"), (int(row["budget_bytes"]),) * 2)
+    spread, _, spread_s = solver_benchmark.starting_schedule(
+        inst, "spread", "highs", solver_benchmark.SolverOptions(time_limit_s=20), "exact"
+    )
+    assert float(row["warm_start_s"]) <= spread_s + 1e-9
+    if row["warm_start"].startswith("coarse2"):
+        assert float(row["warm_start_s"]) < spread_s
+    assert float(row["objective_s"]) <= float(row["warm_start_s"]) + 1e-9
