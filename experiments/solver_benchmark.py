@@ -362,6 +362,8 @@ def run_one(
                 inst, coarsening, solver=solver, mode=mode, options=options, warm_start=x0
             )
         else:
+            if mode == "intervals" and not with_lp:
+                bopts = {**bopts, "lp_bound": False}
             res = solve_xengine(
                 inst, solver=solver, mode=mode, options=options, warm_start=x0, build_options=bopts
             )
@@ -677,7 +679,12 @@ def main(argv: list[str] | None = None) -> int:
         "(HiGHS, a quarter of the time limit, its own spread start) and start the fine model "
         "from its expansion when that is faster (counted in warm_start_time_s)",
     )
-    ap.add_argument("--no-lp-bound", action="store_true", help="skip the LP-relaxation bound")
+    ap.add_argument(
+        "--no-lp-bound",
+        action="store_true",
+        help="skip the LP-relaxation bound (the interval model's too: it then gets the whole "
+        "time limit, with the placement bound only)",
+    )
     ap.add_argument(
         "--rounding",
         action="store_true",

@@ -62,7 +62,8 @@ def solve_xengine(
     :mod:`xengine.distribute` turns a placement into a start for the full model.
 
     ``mode="intervals"`` solves the retention-interval model of :mod:`xengine.intervals`
-    instead (``solver`` must be ``cpsat``; ``build_options`` may give ``max_computes``).
+    instead (``solver`` must be ``cpsat``; ``build_options`` may give ``max_computes`` and
+    ``lp_bound=False``, which skips the LP relaxation where it is known not to solve in time).
     """
     options = options or SolverOptions()
     if mode == "intervals":
@@ -200,6 +201,7 @@ def _solve_intervals(inst, solver, options, warm_start, strategy, build_options,
         )
     opts = dict(build_options or {})
     max_computes = int(opts.pop("max_computes", DEFAULT_MAX_COMPUTES))
+    lp_bound = bool(opts.pop("lp_bound", True))
     if opts:
         raise ValueError(f"formulation=intervals has no option(s) {sorted(opts)}")
     return solve_intervals(
@@ -207,6 +209,7 @@ def _solve_intervals(inst, solver, options, warm_start, strategy, build_options,
         options,
         warm_start=warm_start,
         max_computes=max_computes,
+        lp_bound=lp_bound,
         strategy=strategy,
         progress=_progress_logger(strategy, 1.0),
         placement=placement,
