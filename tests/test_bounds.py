@@ -109,6 +109,22 @@ def test_lp_bound_by_interior_point_matches_the_simplex_optimum(seed):
     assert ipm == pytest.approx(simplex, rel=1e-6)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_lp_bound_by_pdlp_is_proven_even_when_stopped_early(seed):
+    """PDLP's last dual iterate bounds the relaxation from below at any stop: converged it is
+    the simplex optimum to its tolerance, stopped after a few milliseconds it is lower."""
+    g = random_graph(seed, devices=("a", "b"), latency_s=0.3)
+    peak = g.keep_all_peak_bytes()
+    low = int(g.node_lower_bound_bytes().max())
+    inst = Instance(g, ("a", "b"), (int(low + 0.3 * (peak - low)),) * 2)
+    simplex = lp_bound_s(inst, method="simplex")
+    full = lp_bound_s(inst, SolverOptions(time_limit_s=60), method="pdlp")
+    assert full <= simplex * (1 + 1e-9)
+    assert full == pytest.approx(simplex, rel=1e-4)
+    early = lp_bound_s(inst, SolverOptions(time_limit_s=1e-3), method="pdlp")
+    assert early is None or early <= full * (1 + 1e-9)
+
+
 def test_lp_bound_rejects_an_unknown_method():
     g = random_graph(0, devices=("a",))
     with pytest.raises(ValueError, match="method must be"):

@@ -25,6 +25,9 @@ from xengine.solvers import ModelBuilder, SolverOptions, solve
 
 IPM_FROM_VARS = 60_000
 """Model size from which :func:`lp_bound_s` solves the relaxation by interior point."""
+PDLP_FROM_VARS = 400_000
+"""Model size from which it runs PDLP instead, whose bound holds at any stop."""
+LP_METHODS = ("auto", "simplex", "ipm", "pdlp")
 
 
 def lp_bound_s(
@@ -45,20 +48,31 @@ def lp_bound_s(
     :meth:`~xengine.solvers.model.MilpModel.dual_bound`, which holds for any multipliers, so
     the bound is proven although the interior point is only accurate to its tolerance (it
     lands within 1e-7 of the simplex optimum on resnet18). ``method="simplex"`` returns the
-    simplex optimum (HiGHS's objective at its tolerances). ``auto`` (default) takes the
-    interior point from :data:`IPM_FROM_VARS` variables on: measured side by side
+    simplex optimum (HiGHS's objective at its tolerances). ``method="pdlp"`` runs OR-Tools'
+    first-order PDLP (:mod:`xengine.solvers.pdlp`) and bounds from its last dual iterate, so
+    it returns a proven bound even when stopped by the time limit, weaker the earlier it
+    stops. ``auto`` (default) takes the interior point from :data:`IPM_FROM_VARS` variables
+    and PDLP from :data:`PDLP_FROM_VARS`: measured side by side
     (``experiments/lp_bound_speed.py``, CPU + H200 costs, two devices, 50 %), the simplex is
-    2x faster on vgg16 (36k variables: 2.4 against 5.1 s) and the interior point 1.3x
-    faster on resnet18 (111k: 36 against 48 s).
+    2x faster on vgg16 (36k variables: 2.4 against 5.1 s), the interior point 1.3x faster on
+    resnet18 (111k: 36 against 48 s), and on resnet50 (705k) only PDLP gives a bound within
+    600 s.
     """
     options = options or SolverOptions()
-    if method not in ("auto", "ipm", "simplex"):
-        raise ValueError(f"method must be 'auto', 'ipm' or 'simplex', not {method!r}")
+    if method not in LP_METHODS:
+        raise ValueError(f"method must be one of {', '.join(LP_METHODS)}, not {method!r}")
     form = build(inst, mode="exact", **(build_options or {}))
     if form.blocked is not None:
         return None
     if method == "auto":
-        method = "ipm" if form.model.n_vars >= IPM_FROM_VARS else "simplex"
+        n = form.model.n_vars
+        method = "pdlp" if n >= PDLP_FROM_VARS else "ipm" if n >= IPM_FROM_VARS else "simplex"
+    if method == "pdlp":
+        from xengine.solvers.pdlp import pdlp_row_duals
+
+        y, _, _ = pdlp_row_duals(form.model, options.time_limit_s, options.threads)
+        bound = form.model.dual_bound(y)
+        return float(bound) * form.time_scale if np.isfinite(bound) else None
     relax = SolverOptions(
         time_limit_s=options.time_limit_s,
         threads=options.threads,
@@ -155,4 +169,4 @@ def placement_bound_s(inst: Instance, options: SolverOptions | None = None) -> f
     return max(float(sr.best_bound), 0.0) * scale
 
 
-__all__ = ["IPM_FROM_VARS", "lp_bound_s", "placement_bound_s"]
+__all__ = ["IPM_FROM_VARS", "LP_METHODS", "PDLP_FROM_VARS", "lp_bound_s", "placement_bound_s"]
