@@ -3,6 +3,7 @@ one that is never better than the fine optimum and never above the coarse memory
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ from tests._schedules import checkpoint_schedule
 from tests.helpers import copy_models
 from xengine.coarsen import coarsen, group_ranges, solve_coarse
 from xengine.graph.synthetic import chain, training_graph
-from xengine.graph.types import CopyModel, Graph
+from xengine.graph.types import Graph
 from xengine.problem import Instance
 from xengine.schedule import Schedule, keep_all_schedule
 from xengine.simulate import simulate
@@ -28,22 +29,12 @@ BLOCK = [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 6), (6, 7), (7, 8), (8, 9),
 
 def synthetic(kind: str, n_layers: int, seed: int = 0) -> Graph:
     """experiments/solver_benchmark.py's synthetic graphs (devices a, b; 50 ms + 1 MB/s links)."""
-    r = np.random.default_rng(seed)
-    edges = [(i, i + 1) for i in range(n_layers - 1)]
-    if kind == "residual":
-        edges += [(i, i + 2) for i in range(0, n_layers - 2, 2)]
-    cost_a = np.round(r.uniform(0.5, 2.0, n_layers), 3)
-    cost_b = np.round(cost_a * r.uniform(0.25, 3.0, n_layers), 3)
-    cm = CopyModel(0.05, 1e6)
-    return training_graph(
-        f"{kind}{n_layers}",
-        edges,
-        n_layers,
-        list(r.integers(1, 5, n_layers) * 1000),
-        {"a": list(cost_a), "b": list(cost_b)},
-        saves_input=True,
-        copy_models={("a", "b"): cm, ("b", "a"): cm},
-    )
+    sys.path.insert(0, str(REPO / "experiments"))
+    try:
+        import solver_benchmark
+    finally:
+        sys.path.remove(str(REPO / "experiments"))
+    return solver_benchmark.synthetic(kind, n_layers, seed)
 
 
 def block_graph() -> Graph:
