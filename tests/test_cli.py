@@ -148,6 +148,7 @@ def test_budget_error_names_the_smallest_budget(graph_file):
         (RunConfig(formulation="fast"), ConfigError),
         (RunConfig(formulation="intervals", max_computes=0), ConfigError),
         (RunConfig(coarsen=0), ConfigError),
+        (RunConfig(coarsen=2), ConfigError),  # one device, no xengine row to coarsen
     ],
 )
 def test_config_validation(cfg, error):

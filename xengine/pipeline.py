@@ -218,6 +218,11 @@ class RunConfig:
             raise ConfigError(f"max_computes={self.max_computes} must be at least 1")
         if self.coarsen is not None and self.coarsen < 1:
             raise ConfigError(f"coarsen={self.coarsen} must be at least 1 (or null: off)")
+        if self.coarsen is not None and "xengine" not in self.run_strategies:
+            raise ConfigError(
+                f"coarsen={self.coarsen} applies to the xengine strategy, which this run does "
+                "not have: give two or more devices, or add xengine to strategy=[...]"
+            )
         opts = self.solver_options
         if opts.time_limit_s is not None and opts.time_limit_s <= 0:
             raise ConfigError(f"solver.time_limit_s={opts.time_limit_s} must be positive (or null)")
