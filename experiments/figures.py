@@ -70,6 +70,7 @@ STRATEGY_ORDER = (
     "checkpoint_all",
     "chen_sqrtn",
     "chen_greedy",
+    "recompute_greedy",
     "pytorch",
 )
 

@@ -20,6 +20,7 @@ from baselines.heuristics import (
     solve_checkpoint_all,
     solve_chen_greedy,
     solve_chen_sqrtn,
+    solve_recompute_greedy,
     sqrtn_checkpoints,
 )
 from baselines.lp_rounding import solve_lp_rounding
@@ -347,6 +348,42 @@ def test_chen_greedy_fits_a_tight_budget_where_sqrtn_does_not():
     assert greedy.status == "feasible" and _peak(greedy.sim) <= 5000
 
 
+def test_recompute_greedy_drops_the_cheap_large_value():
+    # eight layers of 1000 bytes at 1 s, layer 1 four times larger and 100x cheaper: the peak
+    # is at the loss, and dropping layer 1 saves the most of it for the least time
+    g = training_graph(
+        "cheap_big",
+        [(i, i + 1) for i in range(7)],
+        8,
+        [1000, 4000] + [1000] * 6,
+        {DEV: [1.0, 0.01] + [1.0] * 6},
+    )
+    peak = g.keep_all_peak_bytes()
+    keep_all = solve_recompute_greedy(_inst(g, peak))
+    assert keep_all.extra["dropped"] == [] and keep_all.sim.n_recomputes == 0
+    res = solve_recompute_greedy(_inst(g, peak - 1))
+    assert res.status == "feasible" and res.extra["dropped"] == [1]
+    # layer 1 is recomputed once (its input is kept), before its first backward reader
+    assert res.sim.n_recomputes == 1
+    assert res.sim.time_s == pytest.approx(float(_inst(g, peak).compute_s.sum()) + 0.01)
+    assert res.sim.time_s < solve_chen_greedy(_inst(g, peak - 1)).sim.time_s
+
+
+@pytest.mark.parametrize("g", [chain(8), *DAGS], ids=lambda g: g.name)
+def test_recompute_greedy_is_never_below_the_optimum(g):
+    _, known = min_feasible_budget_bytes(g)
+    for b in _budgets(g, ("known", "mid")):
+        inst = _inst(g, b)
+        res = solve_recompute_greedy(inst)
+        opt = solve_checkmate(inst, options=OPTS)
+        assert opt.status == "optimal"
+        if res.status == "feasible":
+            assert res.sim.time_s >= opt.sim.time_s - 1e-9
+            assert _peak(res.sim) <= b
+        else:  # it can fail only where Checkmate's schedules need more than one drop policy
+            assert b < g.keep_all_peak_bytes() and "over the budget" in res.message
+
+
 # ----------------------------------------------------------------------------- Checkmate MILP
 def _budgets(g, which=("known", "mid", "keep_all")):
     """Named budgets of ``g``: the smallest known feasible one, the keep-everything peak and
@@ -408,7 +445,7 @@ def test_checkmate_discards_a_solution_that_is_not_what_the_solver_says(monkeypa
         return res
 
     monkeypatch.setattr(cm, "solve", lying_solve)
-    g = chain(5)
+    g = chain(6)  # the best heuristic takes 22 s, the optimum 21 s
     inst = _inst(g, 5500)
     seed = min(
         (fn(inst) for fn in HEURISTICS.values() if fn(inst).status == "feasible"),

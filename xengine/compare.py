@@ -23,7 +23,7 @@ from xengine.solvers import SolverOptions
 
 log = logging.getLogger(__name__)
 
-HEURISTICS = ("checkpoint_all", "chen_sqrtn", "chen_greedy")
+HEURISTICS = ("checkpoint_all", "chen_sqrtn", "chen_greedy", "recompute_greedy")
 SINGLE_DEVICE = ("checkmate", "lp_rounding") + HEURISTICS
 
 
@@ -57,23 +57,18 @@ def run_single_device(
 ) -> StrategyResult:
     """One single-device strategy by name on a one-device instance."""
     from baselines.checkmate import solve_checkmate
-    from baselines.heuristics import solve_checkpoint_all, solve_chen_greedy, solve_chen_sqrtn
+    from baselines.heuristics import HEURISTICS as TABLE
     from baselines.lp_rounding import solve_lp_rounding
 
     if strategy == "checkmate":
         return solve_checkmate(inst, solver=solver, options=options)
     if strategy == "lp_rounding":
         return solve_lp_rounding(inst, options=options)
-    table = {
-        "checkpoint_all": solve_checkpoint_all,
-        "chen_sqrtn": solve_chen_sqrtn,
-        "chen_greedy": solve_chen_greedy,
-    }
-    if strategy not in table:
+    if strategy not in TABLE:
         raise ValueError(
             f"unknown strategy {strategy!r}: choose from xengine, {', '.join(SINGLE_DEVICE)}"
         )
-    return table[strategy](inst)
+    return TABLE[strategy](inst)
 
 
 def _what(res: StrategyResult, memory: str) -> str:

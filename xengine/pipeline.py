@@ -75,6 +75,7 @@ STRATEGIES: dict[str, StrategySpec] = {
     "checkpoint_all": StrategySpec("baselines.heuristics:solve_checkpoint_all", True, False),
     "chen_sqrtn": StrategySpec("baselines.heuristics:solve_chen_sqrtn", True, False),
     "chen_greedy": StrategySpec("baselines.heuristics:solve_chen_greedy", True, False),
+    "recompute_greedy": StrategySpec("baselines.heuristics:solve_recompute_greedy", True, False),
     "xengine": StrategySpec("xengine.solve:solve_xengine", False, True),
 }
 DEFAULT_STRATEGIES = ("checkmate", "lp_rounding", "checkpoint_all", "chen_sqrtn", "chen_greedy")
