@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -195,6 +196,37 @@ def test_bad_arguments_are_one_line_errors():
         solve_xengine(inst, "highs", mode="intervals")
     with pytest.raises(ValueError, match="no option"):
         solve_xengine(inst, "cpsat", mode="intervals", build_options={"free_rows": "tight"})
+    with pytest.raises(ValueError, match="lp_bound"):
+        solve_intervals(inst, OPTS, lp_bound="later")
+
+
+def test_lp_bound_alongside_is_the_same_bound():
+    # computed in a process of its own during the search, the bound is the one computed first
+    g = random_graph(0)  # 0.7: 7 % between the LP bound and the optimum
+    inst = Instance(g, ("a", "b"), (int(0.7 * g.keep_all_peak_bytes()),) * 2)
+    first = solve_intervals(inst, OPTS, max_computes=3)
+    along = solve_xengine(
+        inst, "cpsat", mode="intervals", options=OPTS,
+        build_options={"max_computes": 3, "lp_bound": "alongside"},
+    )  # fmt: skip
+    assert first.extra["lp_bound_s"] is not None
+    assert along.extra["lp_bound_s"] == pytest.approx(first.extra["lp_bound_s"], rel=1e-9)
+    assert along.objective_s == pytest.approx(first.objective_s, rel=1e-7)
+    assert along.best_bound_s == pytest.approx(first.best_bound_s, rel=1e-9)
+    assert along.best_bound_s <= along.objective_s and agree(along)
+
+
+def test_pinned_restores_the_cpus():
+    from xengine.bounds import cpu_split, pinned
+
+    before = os.sched_getaffinity(0)
+    bound_cpus, search_cpus = cpu_split()
+    assert bound_cpus <= before and search_cpus <= before
+    if len(before) > 1:
+        assert not bound_cpus & search_cpus and bound_cpus | search_cpus == before
+    with pinned(search_cpus):
+        assert os.sched_getaffinity(0) == search_cpus
+    assert os.sched_getaffinity(0) == before
 
 
 def test_placement_restricts_like_the_milp():

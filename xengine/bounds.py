@@ -17,6 +17,12 @@ formulation found the schedule, so every schedule's gap can be read against them
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
+import os
+from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+
 import numpy as np
 
 from xengine.formulation import build
@@ -169,4 +175,87 @@ def placement_bound_s(inst: Instance, options: SolverOptions | None = None) -> f
     return max(float(sr.best_bound), 0.0) * scale
 
 
-__all__ = ["IPM_FROM_VARS", "LP_METHODS", "PDLP_FROM_VARS", "lp_bound_s", "placement_bound_s"]
+def cpu_split() -> tuple[set[int], set[int]]:
+    """(CPUs for a bound computed alongside a search, CPUs for the search): the last CPU this
+    process may use for the bound, the others for the search; both all of them when there is
+    only one."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(cpus) < 2:
+        return set(cpus), set(cpus)
+    return {cpus[-1]}, set(cpus[:-1])
+
+
+@contextlib.contextmanager
+def pinned(cpus: set[int]) -> Iterator[None]:
+    """Run the calling thread, and the threads it starts, on ``cpus`` only (Linux; elsewhere a
+    no-op). Solvers start their worker threads inside ``solve``, so those inherit it."""
+    if not cpus or not hasattr(os, "sched_setaffinity"):
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def _pin_process(cpus: set[int]) -> None:
+    if cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cpus)
+
+
+class LpBoundAlongside:
+    """:func:`lp_bound_s` in a process of its own, running while the caller searches.
+
+    Why: on resnet50 with two devices the only memory-aware bound within minutes is PDLP's,
+    and it needs the whole time limit; so does CP-SAT's search for the schedule. Run one after
+    the other, each gets half. Here the bound runs on one CPU of its own (:func:`cpu_split`;
+    the caller pins its search to the others with :func:`pinned`), and ``result()`` waits for
+    it. The process is started with ``spawn``: forking a process that already runs solver
+    threads is unsafe.
+    """
+
+    def __init__(
+        self,
+        inst: Instance,
+        options: SolverOptions,
+        build_options: dict | None = None,
+        method: str = "auto",
+        cpus: set[int] | None = None,
+    ) -> None:
+        self._pool = ProcessPoolExecutor(
+            max_workers=1,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_pin_process,
+            initargs=(cpus if cpus is not None else cpu_split()[0],),
+        )
+        one_thread = SolverOptions(time_limit_s=options.time_limit_s, threads=1, seed=options.seed)
+        self._future: Future = self._pool.submit(
+            lp_bound_s, inst, one_thread, build_options, method
+        )
+
+    def result(self) -> float | None:
+        """The bound (None as :func:`lp_bound_s` says); waits for the process to finish."""
+        try:
+            return self._future.result()
+        finally:
+            self._pool.shutdown(wait=True)
+
+    def cancel(self) -> None:
+        """Stop the bound's process now (the caller's search failed or was interrupted)."""
+        for proc in list(getattr(self._pool, "_processes", {}).values()):
+            proc.terminate()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+__all__ = [
+    "IPM_FROM_VARS",
+    "LP_METHODS",
+    "PDLP_FROM_VARS",
+    "LpBoundAlongside",
+    "cpu_split",
+    "lp_bound_s",
+    "pinned",
+    "placement_bound_s",
+]

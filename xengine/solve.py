@@ -63,7 +63,8 @@ def solve_xengine(
 
     ``mode="intervals"`` solves the retention-interval model of :mod:`xengine.intervals`
     instead (``solver`` must be ``cpsat``; ``build_options`` may give ``max_computes`` and
-    ``lp_bound=False``, which skips the LP relaxation where it is known not to solve in time).
+    ``lp_bound=False``, which skips the LP relaxation where it is known not to solve in time,
+    or ``lp_bound="alongside"``, which computes it in another process during the search).
     """
     options = options or SolverOptions()
     if mode == "intervals":
@@ -201,7 +202,8 @@ def _solve_intervals(inst, solver, options, warm_start, strategy, build_options,
         )
     opts = dict(build_options or {})
     max_computes = int(opts.pop("max_computes", DEFAULT_MAX_COMPUTES))
-    lp_bound = bool(opts.pop("lp_bound", True))
+    lp_bound = opts.pop("lp_bound", True)
+    lp_bound = lp_bound if lp_bound == "alongside" else bool(lp_bound)
     if opts:
         raise ValueError(f"formulation=intervals has no option(s) {sorted(opts)}")
     return solve_intervals(
