@@ -132,3 +132,43 @@ def test_coarse_start_is_taken_only_when_it_beats_the_spread_start(tmp_path):
     if row["warm_start"].startswith("coarse2"):
         assert float(row["warm_start_s"]) < spread_s
     assert float(row["objective_s"]) <= float(row["warm_start_s"]) + 1e-9
+
+
+def test_lp_bound_alongside_row(tmp_path):
+    rc = solver_benchmark.main(
+        [
+            "--suite=quick",
+            "--graphs=chain16",
+            "--devices=2",
+            "--budgets=70%",
+            "--time-limit-s=10",
+            "--formulations=intervals",
+            "--warm-start=heuristic",
+            "--lp-alongside",
+            f"--out={tmp_path}",
+        ]
+    )
+    assert rc == 0
+    (row,) = list(csv.DictReader((tmp_path / "solver_benchmark.csv").open()))
+    assert row["agree"] == "True"
+    assert float(row["lp_bound_s"]) <= float(row["best_bound_s"]) + 1e-9
+    assert float(row["best_bound_s"]) <= float(row["objective_s"]) + 1e-9
+
+
+def test_heuristics_on_the_shipped_nets(tmp_path):
+    sys.path.insert(0, str(REPO / "experiments"))
+    try:
+        import heuristics_nets
+    finally:
+        sys.path.remove(str(REPO / "experiments"))
+    assert heuristics_nets.main(["--nets=vgg16", "--devices=b", f"--out={tmp_path}"]) == 0
+    rows = list(csv.DictReader((tmp_path / "heuristics_nets.csv").open()))
+    assert len(rows) == 4 * 4  # 90 / 70 / 50 % and the smallest budget, four heuristics
+    for budget in ("90%", "70%", "50%"):
+        by = {r["strategy"]: r for r in rows if r["budget"] == budget}
+        ours, chen = by["recompute_greedy"], by["chen_greedy"]
+        assert ours["status"] == "feasible"
+        assert float(ours["peak_mib"]) <= int(ours["budget_bytes"]) / 2**20
+        # the cost-aware greedy beats Chen's segments on vgg16 with H200 costs
+        assert float(ours["time_ms"]) < float(chen["time_ms"])
+    assert (tmp_path / "heuristics_nets_b.png").stat().st_size > 0
