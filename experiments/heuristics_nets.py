@@ -58,7 +58,7 @@ def plot(rows: list[dict], path: Path, device: str) -> None:
     rows = [r for r in rows if r["device"] == device and r["strategy"] != "checkpoint_all"]
     cases = list(dict.fromkeys((r["graph"], r["budget"]) for r in rows))
     names = list(dict.fromkeys(r["strategy"] for r in rows))
-    fig, ax = plt.subplots(figsize=(max(6.5, 0.55 * len(cases)), 3.8))
+    fig, ax = plt.subplots(figsize=(max(6.5, 0.6 * len(cases)), 4.2))
     width = 0.8 / max(len(names), 1)
     by = {(r["graph"], r["budget"], r["strategy"]): r for r in rows}
     for k, name in enumerate(names):
@@ -78,7 +78,13 @@ def plot(rows: list[dict], path: Path, device: str) -> None:
             )
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_yscale("log")
-    ax.set_xticks(range(len(cases)), [f"{g}\n{b}" for g, b in cases], fontsize=7)
+    ax.set_xticks(
+        range(len(cases)),
+        [f"{g} {b.replace('_known', '')}" for g, b in cases],
+        fontsize=7,
+        rotation=40,
+        ha="right",
+    )
     ax.set_ylabel("simulated time / keep-everything")
     ax.set_title(f"One-device heuristics on the H200 ({device}); hatched: over the budget")
     ax.title.set_fontsize(9)

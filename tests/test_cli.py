@@ -168,8 +168,11 @@ def test_solve_only_run_logs_one_mlflow_run(tmp_path, graph_file, store):
     out = proc.stdout.strip().splitlines()
     assert out[0].startswith(str(graph_file)) and "70%" in out[0]
     assert out[1].split()[:2] == ["strategy", "status"]
-    labels = [line.split()[0] for line in out[3:8]]
-    assert labels == ["checkmate", "lp_rounding", "checkpoint_all", "chen_sqrtn", "chen_greedy"]
+    labels = [line.split()[0] for line in out[3:9]]
+    assert labels == [
+        "checkmate", "lp_rounding", "checkpoint_all", "chen_sqrtn", "chen_greedy",
+        "recompute_greedy",
+    ]  # fmt: skip
     assert "Traceback" not in proc.stderr
 
     runs = _search_runs(tmp_path)
@@ -181,7 +184,9 @@ def test_solve_only_run_logs_one_mlflow_run(tmp_path, graph_file, store):
     assert run["params.mem"] == "70%"
     assert run["params.solver.name"] == "highs"
     assert run["params.solver.time_limit_s"] == "60"
-    assert run["params.strategy"] == "checkmate,lp_rounding,checkpoint_all,chen_sqrtn,chen_greedy"
+    assert run["params.strategy"] == (
+        "checkmate,lp_rounding,checkpoint_all,chen_sqrtn,chen_greedy,recompute_greedy"
+    )
     assert run["tags.xe.status.checkmate"] == "optimal"
     assert run["metrics.checkmate/budget_mib"] == pytest.approx(0.7 * 8)
     assert run["metrics.checkmate/gap"] == pytest.approx(0, abs=1e-3)
@@ -270,6 +275,7 @@ def test_default_config_composes_to_the_documented_defaults():
         "checkpoint_all",
         "chen_sqrtn",
         "chen_greedy",
+        "recompute_greedy",
     )
     assert rc.execute and rc.n_steps == 5
     assert Path(rc.profile_cache_dir) == REPO / "results" / "cache" / "profiles"

@@ -78,7 +78,14 @@ STRATEGIES: dict[str, StrategySpec] = {
     "recompute_greedy": StrategySpec("baselines.heuristics:solve_recompute_greedy", True, False),
     "xengine": StrategySpec("xengine.solve:solve_xengine", False, True),
 }
-DEFAULT_STRATEGIES = ("checkmate", "lp_rounding", "checkpoint_all", "chen_sqrtn", "chen_greedy")
+DEFAULT_STRATEGIES = (
+    "checkmate",
+    "lp_rounding",
+    "checkpoint_all",
+    "chen_sqrtn",
+    "chen_greedy",
+    "recompute_greedy",
+)
 
 
 def _load(target: str) -> Callable[..., Any]:
