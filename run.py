@@ -197,6 +197,7 @@ def run_config_from(cfg: DictConfig) -> RunConfig:
             ),
             formulation=str(cfg.formulation),
             max_computes=int(cfg.get("max_computes", 2)),
+            lp_bound=str(cfg.get("lp_bound", "before")),
             coarsen=None if cfg.get("coarsen") is None else int(cfg.get("coarsen")),
             strategies=_as_tuple(cfg.strategy),
             execute=bool(cfg.execute),

@@ -147,6 +147,7 @@ def test_budget_error_names_the_smallest_budget(graph_file):
         (RunConfig(n_steps=0), ConfigError),
         (RunConfig(formulation="fast"), ConfigError),
         (RunConfig(formulation="intervals", max_computes=0), ConfigError),
+        (RunConfig(formulation="intervals", lp_bound="later"), ConfigError),
         (RunConfig(coarsen=0), ConfigError),
         (RunConfig(coarsen=2), ConfigError),  # one device, no xengine row to coarsen
     ],
@@ -440,6 +441,13 @@ def test_intervals_formulation_gives_xengine_the_exact_models_optimum(tmp_path):
     assert ex.status == "optimal" and iv.status in ("optimal", "feasible")
     assert iv.sim.within_budget
     assert iv.sim.time_s >= ex.sim.time_s - 1e-9
+    # lp_bound=alongside: the same LP bound, computed in another process during the search
+    rows = run_pipeline(
+        RunConfig(**base, formulation="intervals", lp_bound="alongside"), Recorder()
+    )
+    along = {r.label: r for r in rows}["xengine"].result
+    assert along.extra["lp_bound_s"] == pytest.approx(iv.extra["lp_bound_s"], rel=1e-9)
+    assert along.sim.time_s >= ex.sim.time_s - 1e-9 and along.sim.within_budget
 
 
 @pytest.mark.parametrize(

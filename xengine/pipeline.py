@@ -78,6 +78,11 @@ STRATEGIES: dict[str, StrategySpec] = {
     "recompute_greedy": StrategySpec("baselines.heuristics:solve_recompute_greedy", True, False),
     "xengine": StrategySpec("xengine.solve:solve_xengine", False, True),
 }
+LP_BOUND_MODES: dict[str, bool | str] = {"before": True, "alongside": "alongside", "none": False}
+"""``lp_bound=`` for formulation=intervals (:func:`xengine.intervals.solve_intervals`): the LP
+bound first, for at most half the time limit; in its own process on one CPU during the whole
+search; or not at all (the placement bound only)."""
+
 DEFAULT_STRATEGIES = (
     "checkmate",
     "lp_rounding",
@@ -118,6 +123,7 @@ class RunConfig:
     solver_options: SolverOptions = field(default_factory=SolverOptions)
     formulation: str = "exact"
     max_computes: int = 2  # formulation=intervals: computations per node and device
+    lp_bound: str = "before"  # formulation=intervals: before | alongside | none (LP bound)
     coarsen: int | None = None  # xengine: fuse runs of up to this many ops (xengine.coarsen)
     strategies: tuple[str, ...] = DEFAULT_STRATEGIES
     execute: bool = True
@@ -224,6 +230,10 @@ class RunConfig:
             )
         if self.max_computes < 1:
             raise ConfigError(f"max_computes={self.max_computes} must be at least 1")
+        if self.lp_bound not in LP_BOUND_MODES:
+            raise ConfigError(
+                f"lp_bound={self.lp_bound!r} is not one of {', '.join(LP_BOUND_MODES)}"
+            )
         if self.coarsen is not None and self.coarsen < 1:
             raise ConfigError(f"coarsen={self.coarsen} must be at least 1 (or null: off)")
         if self.coarsen is not None and "xengine" not in self.run_strategies:
@@ -921,7 +931,10 @@ def _solve(
         kwargs.update(mode=cfg.formulation, warm_start=warm)
         if cfg.formulation == "intervals":  # a CP-SAT model; solver= is for the MILPs
             kwargs["solver"] = "cpsat"
-            kwargs["build_options"] = {"max_computes": cfg.max_computes}
+            kwargs["build_options"] = {
+                "max_computes": cfg.max_computes,
+                "lp_bound": LP_BOUND_MODES[cfg.lp_bound],
+            }
     target = _load(spec.target)
     if name == "xengine" and cfg.coarsen is not None:
         # the coarse model is solved and its schedule expanded to this graph; a start for the
