@@ -169,3 +169,13 @@ def test_dual_bound_is_the_optimum_at_optimal_multipliers_and_below_it_elsewhere
         assert model.dual_bound(sr.row_dual) == pytest.approx(-2.5, abs=1e-7)
     with pytest.raises(ValueError, match="shape"):
         model.dual_bound(np.zeros(3))
+
+
+def test_lp_bound_alongside_that_fails_gives_no_bound(caplog):
+    from xengine.bounds import LpBoundAlongside
+
+    g = random_graph(0)
+    inst = Instance(g, ("a", "b"), (int(0.7 * g.keep_all_peak_bytes()),) * 2)
+    job = LpBoundAlongside(inst, SolverOptions(time_limit_s=10), method="nosuch")
+    assert job.result() is None  # lp_bound_s raised ValueError in the other process
+    assert "failed" in caplog.text and "nosuch" in caplog.text

@@ -18,6 +18,7 @@ formulation found the schedule, so every schedule's gap can be read against them
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing
 import os
 from collections.abc import Iterator
@@ -28,6 +29,8 @@ import numpy as np
 from xengine.formulation import build
 from xengine.problem import Instance
 from xengine.solvers import ModelBuilder, SolverOptions, solve
+
+log = logging.getLogger(__name__)
 
 IPM_FROM_VARS = 60_000
 """Model size from which :func:`lp_bound_s` solves the relaxation by interior point."""
@@ -236,9 +239,14 @@ class LpBoundAlongside:
         )
 
     def result(self) -> float | None:
-        """The bound (None as :func:`lp_bound_s` says); waits for the process to finish."""
+        """The bound (None as :func:`lp_bound_s` says); waits for the process to finish. A
+        bound process that failed (killed for memory, say) gives None with a warning: the
+        search's schedule stands without it."""
         try:
             return self._future.result()
+        except Exception as exc:  # BrokenProcessPool, or an error inside lp_bound_s
+            log.warning("the LP bound computed alongside failed: %s", exc)
+            return None
         finally:
             self._pool.shutdown(wait=True)
 
