@@ -60,3 +60,25 @@ def test_protocol_names_infeasible_single_devices():
     inst = Instance(g, ("a", "b"), (9000, 9000))
     cmp = compare(inst, strategies=("xengine", "checkmate"), options=OPTS)
     assert cmp.infeasible_single == []  # 18000 total is plenty for one device
+
+
+def test_warm_start_considers_the_cost_aware_heuristic_at_each_devices_own_budget():
+    from baselines.heuristics import solve_recompute_greedy
+    from xengine.compare import warm_start
+    from xengine.graph.synthetic import chain
+
+    # device b is 10x faster and a fast device's budget below keep-everything: no schedule
+    # with the total memory fits the per-device budget, recompute_greedy on b alone does
+    g = chain(6, devices=("a", "b"))
+    g = g.with_costs(
+        {"a": {v.name: 10.0 for v in g.nodes}, "b": {v.name: 1.0 for v in g.nodes}},
+        copy_models(("a", "b")),
+    )
+    budget = g.keep_all_peak_bytes() - 1
+    inst = Instance(g, ("a", "b"), (budget, budget))
+    ours = solve_recompute_greedy(inst.only_device(1, budget))
+    assert ours.status == "feasible"
+    # mode "paper" has no placed model, so the candidates are the heuristic ones only
+    what, sched, t = warm_start(inst, [], options=SolverOptions(time_limit_s=10), mode="paper")
+    assert t <= ours.sim.time_s + 1e-9
+    assert what == "recompute_greedy on b (its own memory)"
