@@ -31,6 +31,7 @@ if str(ROOT) not in sys.path:
 
 from baselines.heuristics import HEURISTICS  # noqa: E402
 from experiments.solver_benchmark import budgets_for, net_graph  # noqa: E402
+from xengine.plots import save_figure  # noqa: E402
 from xengine.problem import Instance  # noqa: E402
 
 log = logging.getLogger("heuristics_nets")
@@ -89,10 +90,7 @@ def plot(rows: list[dict], path: Path, device: str) -> None:
     ax.set_title(f"One-device heuristics on the H200 ({device}); hatched: over the budget")
     ax.title.set_fontsize(9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

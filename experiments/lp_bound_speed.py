@@ -31,6 +31,7 @@ if str(ROOT) not in sys.path:
 from experiments.solver_benchmark import net_graph  # noqa: E402
 from xengine.bounds import lp_bound_s  # noqa: E402
 from xengine.formulation import build  # noqa: E402
+from xengine.plots import save_figure  # noqa: E402
 from xengine.problem import Instance  # noqa: E402
 from xengine.solvers import SolverOptions  # noqa: E402
 
@@ -73,10 +74,7 @@ def plot(rows: list[dict], path: Path, time_limit_s: float) -> None:
     ax.set_title("LP relaxation, two devices (CPU + H200 costs): time to a proven bound")
     ax.title.set_fontsize(9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

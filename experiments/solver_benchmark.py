@@ -45,6 +45,7 @@ from xengine.coarsen import coarsen, solve_coarse  # noqa: E402
 from xengine.distribute import start_candidates  # noqa: E402
 from xengine.graph.synthetic import training_graph  # noqa: E402
 from xengine.graph.types import CopyModel, Graph  # noqa: E402
+from xengine.plots import save_figure  # noqa: E402
 from xengine.problem import Instance  # noqa: E402
 from xengine.schedule import Schedule  # noqa: E402
 from xengine.simulate import simulate  # noqa: E402
@@ -560,10 +561,7 @@ def plot(rows: list[dict], path: Path, time_limit_s: float | None) -> None:
     ax_g.set_ylabel("gap at the end (%)")
     ax_g.set_title("gap")
     ax_t.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_coarsening(rows: list[dict], path: Path) -> bool:
@@ -605,10 +603,7 @@ def plot_coarsening(rows: list[dict], path: Path) -> bool:
     ax.set_title("Coarsening: expanded coarse schedule vs the fine MILP (same solver, limit)")
     ax.title.set_fontsize(9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 

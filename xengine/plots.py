@@ -18,6 +18,19 @@ from xengine.schedule import keep_all_schedule  # noqa: E402
 from xengine.simulate import Simulation, simulate  # noqa: E402
 
 MIB = 2**20
+
+
+def save_figure(fig: plt.Figure, path, dpi: int = 120) -> None:
+    """Lay out, write (creating the folder) and close ``fig``: the end of every experiment's
+    plot."""
+    from pathlib import Path
+
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+
+
 DEVICE_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
 
 
