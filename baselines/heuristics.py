@@ -14,7 +14,7 @@ Chen's schedules recompute a whole segment for every backward stage that needs a
 and never look at costs: on resnet50 with H200 costs at half the keep-everything memory the
 best of them takes 100 ms against an optimum near 48 ms. ``recompute_greedy`` instead drops
 single values, cheapest recomputation per byte of peak first, and recomputes each dropped one
-once, just before its first backward reader (48.9 ms there in 4 s); it is the start that
+once, just before its first backward reader (48.85 ms there in about 5 s); it is the start that
 makes CP-SAT useful on that graph (``experiments/solver_benchmark.py``).
 """
 
