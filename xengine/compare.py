@@ -88,9 +88,9 @@ def warm_start(
 
     1. ``alone``: the single-device schedules solved with the total memory, each embedded on
        its device (the paper's protocol computes them anyway), and (several devices)
-       ``recompute_greedy`` on each device alone with that device's own budget: seconds, and
-       on a CPU + GPU mix often the best start there is (resnet50 at 50 %, H200 costs:
-       48.85 ms, where the spread starts and a 60 s placed model give 55.9 ms);
+       ``recompute_greedy`` on each device alone with that device's own budget: seconds and
+       no solver (resnet50 at 50 %, H200 costs: 48.85 ms; the placed model of step 2 reached
+       48.2-48.4 ms in 60 s), so a start exists even when step 2 runs out of time;
     2. (exact and intervals modes, several devices) those schedules and keep-everything
        spread over the devices, and XEngine's model restricted to the best spread's placement
        (:func:`xengine.distribute.start_candidates`; the run's time limit and gap);
