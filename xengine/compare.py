@@ -140,6 +140,8 @@ def warm_start(
                 continue
             sub = inst.only_device(d, inst.budget_bytes[d])
             for name in ("checkmate", *HEURISTICS):
+                if name == "recompute_greedy":  # already tried above, with this budget
+                    continue
                 log.info("warm start: %s on %s alone with its own budget", name, sub.devices[0])
                 try:
                     res = run_single_device(sub, name, solver=solver, options=opts)
@@ -147,7 +149,7 @@ def warm_start(
                     log.info("warm start candidate %s failed: %s", name, exc)
                     continue
                 if res.schedule is not None:
-                    add(_what(res, "own budget"), res.schedule.on_devices(inst.devices))
+                    add(_what(res, "its own"), res.schedule.on_devices(inst.devices))
     if not cands:
         return None
     t, what, sched = min(cands, key=lambda c: c[0])
