@@ -4,7 +4,10 @@ For each net (shipped CPU + H200 costs, two devices, a budget fraction of keep-e
 each) the exact model is built once and its relaxation solved by HiGHS's dual simplex, by its
 interior point without crossover, and by OR-Tools' PDLP (:func:`xengine.bounds.lp_bound_s`).
 The interior-point and PDLP bounds are computed from their multipliers by weak duality, so
-every column is a proven bound; PDLP's holds when it is stopped by the limit too. Writes
+every column is a proven bound; PDLP's holds when it is stopped by the limit too. Each
+relaxation is that of one written form of the FREE rows (``--free-rows``: the tight AND rows
+that :func:`~xengine.bounds.lp_bound_s` uses by default, and/or Checkmate's hazard count), so
+the forms' bounds and times are compared side by side too. Writes
 ``results/lp_bound_speed/lp_bound_speed.{csv,png}``.
 
     python experiments/lp_bound_speed.py --nets vgg16,resnet18,resnet50 --time-limit-s 600
@@ -30,7 +33,7 @@ if str(ROOT) not in sys.path:
 
 from experiments.solver_benchmark import net_graph  # noqa: E402
 from xengine.bounds import lp_bound_s  # noqa: E402
-from xengine.formulation import build  # noqa: E402
+from xengine.formulation import FREE_ROWS, build  # noqa: E402
 from xengine.plots import save_figure  # noqa: E402
 from xengine.problem import Instance  # noqa: E402
 from xengine.solvers import SolverOptions  # noqa: E402
@@ -44,6 +47,7 @@ FIELDS = [
     "budget_fraction",
     "n_vars",
     "n_rows",
+    "free_rows",
     "method",
     "threads",
     "time_limit_s",
@@ -53,13 +57,14 @@ FIELDS = [
 
 
 def plot(rows: list[dict], path: Path, time_limit_s: float) -> None:
-    graphs = list(dict.fromkeys(r["graph"] for r in rows))
-    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    groups = list(dict.fromkeys((r["graph"], r["free_rows"]) for r in rows))
+    fig, ax = plt.subplots(figsize=(max(6.5, 1.6 * len(groups)), 3.6))
     width = 0.8 / len(METHODS)
     for k, method in enumerate(METHODS):
         xs, hs, labels = [], [], []
-        for i, gname in enumerate(graphs):
-            r = next((r for r in rows if r["graph"] == gname and r["method"] == method), None)
+        for i, group in enumerate(groups):
+            found = [r for r in rows if (r["graph"], r["free_rows"]) == group]
+            r = next((r for r in found if r["method"] == method), None)
             if r is None:
                 continue
             xs.append(i + (k - (len(METHODS) - 1) / 2) * width)
@@ -69,7 +74,7 @@ def plot(rows: list[dict], path: Path, time_limit_s: float) -> None:
         bars = ax.bar(xs, hs, width, label=method)
         ax.bar_label(bars, labels, fontsize=7, padding=2)
     ax.axhline(time_limit_s, color="grey", ls=":", lw=1, label=f"limit {time_limit_s:.0f} s")
-    ax.set_xticks(range(len(graphs)), graphs)
+    ax.set_xticks(range(len(groups)), [f"{g}\n{fr} FREE rows" for g, fr in groups], fontsize=8)
     ax.set_ylabel("time to the LP bound (s)")
     ax.set_title("LP relaxation, two devices (CPU + H200 costs): time to a proven bound")
     ax.title.set_fontsize(9)
@@ -85,10 +90,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-limit-s", type=float, default=600.0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument(
+        "--free-rows",
+        default="tight",
+        help=f"comma-separated FREE-row forms to relax, from {', '.join(FREE_ROWS)}",
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "lp_bound_speed")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     methods = [m for m in args.methods.split(",") if m]
+    forms = [f for f in args.free_rows.split(",") if f]
+    bad = [f for f in forms if f not in FREE_ROWS]
+    if bad:
+        ap.error(f"unknown --free-rows {bad}: choose from {list(FREE_ROWS)}")
     options = SolverOptions(time_limit_s=args.time_limit_s, threads=args.threads)
     rows: list[dict] = []
     csv_path = args.out / "lp_bound_speed.csv"
@@ -97,12 +111,12 @@ def main(argv: list[str] | None = None) -> int:
         g = net_graph(net, args.batch_size, "h200")
         budget = int(args.budget * g.keep_all_peak_bytes())
         inst = Instance(g, ("a", "b"), (budget, budget))
-        model = build(inst).model
-        for method in methods:
+        for form, method in [(f, m) for f in forms for m in methods]:
+            model = build(inst, free_rows=form).model
             t0 = time.perf_counter()
-            bound = lp_bound_s(inst, options, method=method)
+            bound = lp_bound_s(inst, options, {"free_rows": form}, method=method)
             el = time.perf_counter() - t0
-            log.info("%s %s: %s in %.1f s", net, method, bound, el)
+            log.info("%s %s rows, %s: %s in %.1f s", net, form, method, bound, el)
             rows.append(
                 {
                     "graph": net,
@@ -111,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                     "budget_fraction": args.budget,
                     "n_vars": model.n_vars,
                     "n_rows": model.n_rows,
+                    "free_rows": form,
                     "method": method,
                     "threads": args.threads,
                     "time_limit_s": args.time_limit_s,
@@ -124,11 +139,11 @@ def main(argv: list[str] | None = None) -> int:
                 w.writeheader()
                 w.writerows(rows)
     plot(rows, args.out / "lp_bound_speed.png", args.time_limit_s)
-    print(f"{'graph':10} {'method':8} {'n_vars':>8} {'solve s':>8} {'LP bound ms':>12}")
+    print(f"{'graph':10} {'FREE':7} {'method':8} {'n_vars':>8} {'solve s':>8} {'LP bound ms':>12}")
     for r in rows:
         print(
-            f"{r['graph']:10} {r['method']:8} {r['n_vars']:>8} {r['solve_s']:>8} "
-            f"{r['lp_bound_ms'] or '-':>12}"
+            f"{r['graph']:10} {r['free_rows']:7} {r['method']:8} {r['n_vars']:>8} "
+            f"{r['solve_s']:>8} {r['lp_bound_ms'] or '-':>12}"
         )
     return 0
 

@@ -662,6 +662,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--suite", choices=("quick", "full"), default="quick")
     ap.add_argument("--time-limit-s", type=float, default=60.0)
+    ap.add_argument(
+        "--rel-gap",
+        type=float,
+        default=1e-4,
+        help="relative gap at which a solve stops as optimal (1e-3: issue 5's 'proven optimal')",
+    )
     ap.add_argument("--solvers", default="highs", help="comma-separated back-ends")
     ap.add_argument(
         "--formulations",
@@ -744,7 +750,9 @@ def main(argv: list[str] | None = None) -> int:
     keep_graphs = {x for x in args.graphs.split(",") if x}
     keep_dev = {int(x) for x in args.devices.split(",") if x}
     keep_budgets = {x for x in args.budgets.split(",") if x}
-    options = SolverOptions(time_limit_s=args.time_limit_s, rel_gap=1e-4, threads=args.threads)
+    options = SolverOptions(
+        time_limit_s=args.time_limit_s, rel_gap=args.rel_gap, threads=args.threads
+    )
     cp_options = replace(options, threads=args.cpsat_threads)
 
     t_all = time.perf_counter()

@@ -46,6 +46,24 @@ def test_bounds_never_exceed_the_optimum(seed, devices):
     assert seen
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_lp_bound_defaults_to_the_tight_free_rows(seed):
+    """The tight AND rows imply the hazard count, so their relaxation is never weaker; the
+    default bound is theirs and still never above the optimum."""
+    g = random_graph(seed, devices=("a", "b"), latency_s=0.3)
+    peak = g.keep_all_peak_bytes()
+    low = int(g.node_lower_bound_bytes().max())
+    inst = Instance(g, ("a", "b"), (int(low + 0.3 * (peak - low)),) * 2)
+    default = lp_bound_s(inst)
+    tight = lp_bound_s(inst, build_options={"free_rows": "tight"})
+    hazard = lp_bound_s(inst, build_options={"free_rows": "hazard"})
+    assert default == tight
+    assert hazard <= tight * (1 + 1e-9)
+    opt = solve_xengine(inst, options=OPTS)
+    if opt.status == "optimal":
+        assert tight <= opt.sim.time_s * (1 + 1e-9)
+
+
 def test_placement_bound_on_one_device_is_the_keep_all_time():
     g = random_graph(2, devices=("a",))
     inst = Instance(g, ("a",), (10**12,))

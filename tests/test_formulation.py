@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import RESIDUAL, copy_models, random_graph
-from xengine.formulation import build
+from xengine.formulation import build, default_free_rows
 from xengine.graph.synthetic import chain, training_graph
 from xengine.problem import Instance
 from xengine.schedule import keep_all_schedule
@@ -191,10 +191,11 @@ def test_warm_started_solve_returns_the_optimum_not_the_start():
 
 # ----------------------------------------------------------------------------- reference form
 @pytest.mark.parametrize("seed", range(8))
-def test_reference_and_tight_forms_have_the_default_optimum(seed):
-    """The published form (full matrices, stage fixings as rows, no reductions) and the tight
-    FREE rows are rewritings of the exact model: same optimum, and each one's schedule
-    replays in the simulator to its own objective and peak."""
+def test_reference_and_hazard_forms_have_the_default_optimum(seed):
+    """The published form (full matrices, stage fixings as rows, no reductions) and the
+    hazard-count FREE rows are rewritings of the default model (tight FREE rows on HiGHS):
+    same optimum, and each one's schedule replays in the simulator to its own objective and
+    peak."""
     devices = ("a", "b", "c") if seed % 4 == 3 else (("a",) if seed % 3 == 0 else ("a", "b"))
     g = random_graph(seed, devices=devices)
     peak = g.keep_all_peak_bytes()
@@ -202,7 +203,8 @@ def test_reference_and_tight_forms_have_the_default_optimum(seed):
     for frac in (1.0, 0.4, 0.0):
         inst = Instance(g, devices, tuple([int(low + frac * (peak - low))] * len(devices)))
         default = solve_xengine(inst, options=OPTS)
-        for opts in ({"reference": True}, {"free_rows": "tight"}):
+        assert default.extra["build_options"] == {"free_rows": "tight"}
+        for opts in ({"reference": True}, {"free_rows": "hazard"}):
             other = solve_xengine(inst, options=OPTS, build_options=opts)
             assert other.status == default.status, opts
             if default.status != "optimal":
@@ -213,11 +215,28 @@ def test_reference_and_tight_forms_have_the_default_optimum(seed):
         if frac == 1.0:
             # a valid schedule is a feasible point of every form, at its simulated cost
             ka = keep_all_schedule(inst)
-            for opts in ({}, {"reference": True}, {"free_rows": "tight"}):
+            for opts in ({"free_rows": "hazard"}, {"reference": True}, {"free_rows": "tight"}):
                 form = build(inst, **opts)
                 x0 = form.assignment(ka)
                 assert form.model.max_violation(x0) < 1e-9, opts
                 assert form.objective_s(x0) == pytest.approx(simulate(inst, ka).time_s)
+
+
+def test_free_rows_follow_the_solver():
+    """Tight FREE rows for the MILP solvers; CP-SAT, which refuses their continuous F, gets the
+    hazard rows; the reference keeps its published ones; a caller's choice stands."""
+    assert default_free_rows("highs") == "tight" and default_free_rows("scip") == "tight"
+    assert default_free_rows("cpsat") == "hazard" and default_free_rows("CPSAT") == "hazard"
+    g = random_graph(2)
+    inst = Instance(g, ("a", "b"), (g.keep_all_peak_bytes(),) * 2)
+    opts = SolverOptions(time_limit_s=30)
+    assert solve_xengine(inst, "cpsat", options=opts).extra["build_options"] == {
+        "free_rows": "hazard"
+    }
+    ref = solve_xengine(inst, options=opts, build_options={"reference": True})
+    assert ref.extra["build_options"] == {"reference": True}
+    mine = solve_xengine(inst, options=opts, build_options={"free_rows": "hazard"})
+    assert mine.extra["build_options"] == {"free_rows": "hazard"}
 
 
 def test_reference_model_is_larger_and_has_stage_rows():

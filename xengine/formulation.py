@@ -37,6 +37,10 @@ Two switches change how the same model is written, never its optimum:
     rows). Whether it is faster is measured by ``experiments/solver_benchmark.py``. CP-SAT
     refuses this form (continuous F sits in the memory equalities, so it is not implied
     integer).
+``free_rows="tight"`` is what :func:`default_free_rows` picks for every MILP solver (the
+    callers :func:`xengine.solve.solve_xengine` and :func:`xengine.bounds.lp_bound_s` apply it
+    when not told otherwise); ``build`` itself keeps ``hazard`` as its default, the published
+    rows, which Checkmate's baseline and its LP rounding use.
 ``break_symmetry=True``: when devices are interchangeable (:func:`twin_of_first`: same costs,
     budget and copy costs as the first device), any schedule stays a schedule of the same cost
     when two of them swap roles, so the first device may be the one that computes node 0 in
@@ -191,6 +195,19 @@ def twin_of_first(inst: Instance) -> bool:
         ):
             return True
     return False
+
+
+def default_free_rows(solver: str) -> str:
+    """The FREE rows to build for ``solver`` when the caller states none.
+
+    ``tight`` for the MILP solvers: its relaxation is stronger, which is what limits proofs
+    (CPU + H200 costs, two devices, 50 %: the LP bound is 18.54 against 17.73 ms on vgg16 and
+    21.15 against 20.87 ms on resnet18, the best schedules being 18.87 and 21.29 ms; HiGHS
+    proves vgg16 optimal in 44 s where the hazard rows take 156 s,
+    ``results/solver_benchmark/h200_vgg16_tight``). ``hazard`` for CP-SAT, which takes only
+    integer or implied-integer columns, and the tight form's continuous F are neither.
+    """
+    return "hazard" if solver.lower() == "cpsat" else "tight"
 
 
 def build(

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from xengine.formulation import build
+from xengine.formulation import build, default_free_rows
 from xengine.problem import Instance
 from xengine.result import StrategyResult
 from xengine.schedule import Schedule
@@ -53,7 +53,9 @@ def solve_xengine(
     Checkmate schedule embedded with :meth:`Schedule.on_devices`); exact mode passes it to the
     solver as a MIP start. The returned schedule is replayed by the simulator; the model's own
     objective and peak are kept beside the simulator's figures. ``build_options`` go to
-    :func:`xengine.formulation.build` (``reference``, ``free_rows``).
+    :func:`xengine.formulation.build` (``reference``, ``free_rows``); mode ``exact`` gets
+    the FREE rows of :func:`~xengine.formulation.default_free_rows` for ``solver`` unless
+    they say otherwise (the reference keeps its published rows).
 
     ``placement`` (one device index per node, or -1 for a node left free) restricts the model:
     node ``i`` is computed and kept on ``placement[i]`` only (copies to other devices stay free
@@ -73,7 +75,10 @@ def solve_xengine(
         )
     t0 = time.perf_counter()
     linearize = solver not in QUADRATIC_CAPABLE
-    form = build(inst, mode=mode, linearize=linearize, **(build_options or {}))
+    build_options = dict(build_options or {})
+    if mode == "exact" and not build_options.get("reference"):
+        build_options.setdefault("free_rows", default_free_rows(solver))
+    form = build(inst, mode=mode, linearize=linearize, **build_options)
     if placement is not None:
         _restrict(form, placement)
     x0 = None
@@ -97,7 +102,7 @@ def solve_xengine(
         extra={
             "mode": mode,
             "linearized": bool(linearize and mode == "paper"),
-            "build_options": dict(build_options or {}),
+            "build_options": build_options,
             "nnz": int(model.A.nnz),
         },
     )
