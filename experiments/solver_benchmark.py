@@ -57,13 +57,16 @@ log = logging.getLogger("solver_benchmark")
 FORMULATIONS: dict[str, dict] = {
     "default": {},
     "reference": {"reference": True},
-    "tight": {"free_rows": "tight"},
+    "hazard": {"free_rows": "hazard"},
     "symmetry": {"break_symmetry": True},
     "intervals": {},
     "coarse2": {},
     "coarse3": {},
 }
-"""Name -> keyword arguments of :func:`xengine.formulation.build`. ``intervals`` is the
+"""Name -> keyword arguments of :func:`xengine.formulation.build`. ``default`` is what
+:func:`xengine.solve.solve_xengine` builds for the solver (the tight FREE rows on the MILP
+solvers); ``hazard`` is the same reduced model with Checkmate's hazard-count FREE rows, the
+default before they were measured here; ``reference`` the published form. ``intervals`` is the
 retention-interval model of :mod:`xengine.intervals`; it always runs on CP-SAT (its rows say
 ``solver=cpsat``) and is compared with the MILP rows of the same instance. ``coarse<k>`` is
 the default MILP on the coarsened graph (:mod:`xengine.coarsen`, runs of up to ``k`` ops
@@ -527,7 +530,7 @@ def plot(rows: list[dict], path: Path, time_limit_s: float | None) -> None:
 
     solved = [r for r in rows if r["status"] in ("optimal", "feasible", "no_solution")]
     fig, (ax_t, ax_g) = plt.subplots(1, 2, figsize=(12, 4.8))
-    markers = {"default": "o", "reference": "s", "tight": "^", "intervals": "D", "symmetry": "v"}
+    markers = {"default": "o", "reference": "s", "hazard": "^", "intervals": "D", "symmetry": "v"}
     combos = sorted({(r["solver"], r["formulation"]) for r in solved})
     for i, (solver, form) in enumerate(combos):
         rs = [r for r in solved if r["solver"] == solver and r["formulation"] == form]

@@ -32,7 +32,7 @@ from xengine.solvers import ModelBuilder, SolverOptions, solve
 
 log = logging.getLogger(__name__)
 
-IPM_FROM_VARS = 60_000
+IPM_FROM_VARS = 30_000
 """Model size from which :func:`lp_bound_s` solves the relaxation by interior point."""
 PDLP_FROM_VARS = 400_000
 """Model size from which it runs PDLP instead, whose bound holds at any stop."""
@@ -49,11 +49,13 @@ def lp_bound_s(
 
     Valid for every formulation of the same instance, restricted ones included (their optima
     are never below the exact model's). ``build_options`` pick the written form
-    (:func:`xengine.formulation.build`); the forms' relaxations differ, and unless they say
-    otherwise the FREE rows are the tight ones, whose relaxation is the strongest we have
-    (CPU + H200 costs, two devices, 50 %: 18.54 against the hazard rows' 17.73 ms on vgg16,
-    21.15 against 20.87 ms on resnet18). ``None`` when the LP is not solved within
-    ``options.time_limit_s`` or a node cannot run on any device.
+    (:func:`xengine.formulation.build`); the forms' relaxations differ. Unless they say
+    otherwise, the simplex and the interior point relax the tight FREE rows, whose
+    relaxation is the strongest we have (CPU + H200 costs, two devices, 50 %: 18.54 against
+    the hazard rows' 17.73 ms on vgg16, 21.15 against 20.87 ms on resnet18), and PDLP
+    relaxes the hazard rows, on which it converges faster (resnet50 after 570 s on one CPU:
+    47.73 ms with the hazard rows, 42.73 ms with the tight ones). ``None`` when the LP is
+    not solved within ``options.time_limit_s`` or a node cannot run on any device.
 
     ``method="ipm"`` solves the relaxation by interior point without crossover and takes the
     bound from the solver's row multipliers through
@@ -64,24 +66,27 @@ def lp_bound_s(
     first-order PDLP (:mod:`xengine.solvers.pdlp`) and bounds from its last dual iterate, so
     it returns a proven bound even when stopped by the time limit, weaker the earlier it
     stops. ``auto`` (default) takes the interior point from :data:`IPM_FROM_VARS` variables
-    and PDLP from :data:`PDLP_FROM_VARS`: measured side by side
-    (``experiments/lp_bound_speed.py``, CPU + H200 costs, two devices, 50 %), the simplex is
-    2x faster on vgg16 (36k variables: 2.4 against 5.1 s), the interior point 1.3x faster on
-    resnet18 (111k: 36 against 48 s), and on resnet50 (705k) only PDLP gives a bound within
-    600 s.
+    and PDLP from :data:`PDLP_FROM_VARS`. Measured side by side
+    (``experiments/lp_bound_speed.py``, CPU + H200 costs, two devices, 50 %, one thread) on
+    the tight rows: the interior point is 1.8x faster on vgg16 (36k variables: 6.4 against
+    11.3 s), the simplex 1.4x faster on resnet18 (111k: 30 against 43 s), so neither wins
+    everywhere; on resnet50 (705k) only PDLP gives a bound within 600 s.
     """
     options = options or SolverOptions()
     if method not in LP_METHODS:
         raise ValueError(f"method must be one of {', '.join(LP_METHODS)}, not {method!r}")
     build_options = dict(build_options or {})
-    if not build_options.get("reference"):
-        build_options.setdefault("free_rows", "tight")
+    chosen = "free_rows" in build_options or build_options.get("reference")
+    if not chosen:
+        build_options["free_rows"] = "hazard" if method == "pdlp" else "tight"
     form = build(inst, mode="exact", **build_options)
     if form.blocked is not None:
         return None
     if method == "auto":
-        n = form.model.n_vars
+        n = form.model.n_vars  # the same for both FREE-row forms
         method = "pdlp" if n >= PDLP_FROM_VARS else "ipm" if n >= IPM_FROM_VARS else "simplex"
+        if method == "pdlp" and not chosen:
+            form = build(inst, mode="exact", **{**build_options, "free_rows": "hazard"})
     if method == "pdlp":
         from xengine.solvers.pdlp import pdlp_row_duals
 
