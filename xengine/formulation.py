@@ -204,9 +204,13 @@ def default_free_rows(solver: str) -> str:
     (CPU + H200 costs, two devices, 50 %: the LP bound is 18.54 against 17.73 ms on vgg16 and
     21.15 against 20.87 ms on resnet18, the best schedules being 18.87 and 21.29 ms; HiGHS
     proves vgg16 optimal in 40 s where the hazard rows take 145 s and the published form
-    226 s, ``results/solver_benchmark/h200_vgg16_free_rows*``). On one device it gains
-    nothing measurable (vgg16 on the CPU: 33 against 34 s). ``hazard`` for CP-SAT, which takes only
-    integer or implied-integer columns, and the tight form's continuous F are neither.
+    226 s, ``results/solver_benchmark/h200_vgg16_free_rows*``). It does not win
+    everywhere. On one device it gains nothing measurable (vgg16 on the CPU: 33 against
+    34 s). On resnet18 with two devices the published hazard form proves 0.1 % in 1525 s,
+    where this form still has a 0.20 % gap at 1600 s (``h200_resnet18_*``).
+
+    ``hazard`` for CP-SAT, which takes only integer or implied-integer columns, and the
+    tight form's continuous F are neither.
     """
     return "hazard" if solver.lower() == "cpsat" else "tight"
 
