@@ -105,6 +105,10 @@ FIELDS = [
     "agree",
     "best_bound_s",
     "gap",
+    "time_to_gap_5pct_s",
+    "time_to_gap_1pct_s",
+    "time_to_gap_0p5pct_s",
+    "time_to_gap_0p1pct_s",
     "lp_bound_s",
     "placement_bound_s",
     "warm_start",
@@ -116,6 +120,12 @@ FIELDS = [
     "time_limit_s",
     "note",
 ]
+
+GAP_LEVELS = {"5pct": 0.05, "1pct": 0.01, "0p5pct": 0.005, "0p1pct": 0.001}
+"""``time_to_gap_<name>_s``: seconds of solving until the solver's own bound proved its
+incumbent within this relative gap (empty: never within the time limit)."""
+TRACE_FIELDS = ["graph", "n_devices", "budget", "solver", "formulation", "repeat"]
+TRACE_FIELDS += ["elapsed_s", "incumbent_s", "bound_s", "gap"]
 
 
 @dataclass(frozen=True)
@@ -330,6 +340,22 @@ def coarse_start_schedule(
     return res.schedule, f"coarse{max_group} MILP, expanded", res.sim.time_s
 
 
+def time_to_gap_s(trace: list[tuple], level: float) -> float | None:
+    """First elapsed time in ``trace`` ([(elapsed_s, incumbent or None, bound or None)], as
+    :func:`xengine.solve.solve_xengine` records it) at which the best incumbent so far was
+    within ``level`` (relative) of the best bound so far; None if it never was."""
+    best_inc, best_bound = np.inf, -np.inf
+    for el, inc, bound in trace:
+        if inc is not None:
+            best_inc = min(best_inc, inc)
+        if bound is not None:
+            best_bound = max(best_bound, bound)
+        if np.isfinite(best_inc) and np.isfinite(best_bound) and best_inc > 0:
+            if (best_inc - best_bound) / best_inc <= level + 1e-12:
+                return float(el)
+    return None
+
+
 def run_one(
     case: Case,
     budget: tuple[str, int],
@@ -410,6 +436,11 @@ def run_one(
         best_bound_s=res.best_bound_s,
         gap=res.gap,
     )
+    trace = res.extra.get("trace")
+    if trace is not None and coarsening is None and mode == "exact":
+        row["trace"] = trace
+        for name, level in GAP_LEVELS.items():
+            row[f"time_to_gap_{name}_s"] = time_to_gap_s(trace, level)
     if res.status in ("infeasible", "no_solution") and res.message:
         row["note"] = res.message[:200]
     if coarsening is not None:
@@ -520,6 +551,116 @@ def write_csv(rows: list[dict], path: Path) -> None:
         w.writeheader()
         for r in rows:
             w.writerow({k: ("" if r.get(k) is None else r.get(k, "")) for k in FIELDS})
+
+
+def write_traces(rows: list[dict], path: Path) -> int:
+    """Every MILP row's gap over time (one line per report of the solver), for plotting and
+    for time-to-gap figures at levels other than :data:`GAP_LEVELS`. Returns the line count."""
+    n = 0
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(TRACE_FIELDS)
+        for r in rows:
+            best_inc, best_bound = np.inf, -np.inf
+            for el, inc, bound in r.get("trace") or ():
+                best_inc = min(best_inc, inc) if inc is not None else best_inc
+                best_bound = max(best_bound, bound) if bound is not None else best_bound
+                ok = np.isfinite(best_inc) and np.isfinite(best_bound) and best_inc > 0
+                gap = (best_inc - best_bound) / best_inc if ok else None
+                w.writerow(
+                    [r[k] for k in TRACE_FIELDS[:6]]
+                    + [
+                        f"{el:.3f}",
+                        "" if not np.isfinite(best_inc) else f"{best_inc:.9g}",
+                        "" if not np.isfinite(best_bound) else f"{best_bound:.9g}",
+                        "" if gap is None else f"{gap:.6g}",
+                    ]
+                )
+                n += 1
+    return n
+
+
+def _parse(v: str):
+    if v == "":
+        return None
+    if v in ("True", "False"):
+        return v == "True"
+    for kind in (int, float):
+        try:
+            return kind(v)
+        except ValueError:
+            pass
+    return v
+
+
+def read_run(out: Path) -> list[dict]:
+    """The rows an earlier run wrote to ``out`` (numbers parsed back), each MILP row with its
+    trace from ``traces.csv``, so runs made side by side in separate processes (one per
+    core) can be merged into one table and one set of figures (``--merge``)."""
+    with (out / "solver_benchmark.csv").open() as fh:
+        rows = [{k: _parse(v) for k, v in r.items()} for r in csv.DictReader(fh)]
+    traces: dict[tuple, list[tuple]] = {}
+    if (out / "traces.csv").exists():
+        with (out / "traces.csv").open() as fh:
+            for t in csv.DictReader(fh):
+                t = {k: _parse(v) for k, v in t.items()}
+                traces.setdefault(tuple(t[k] for k in TRACE_FIELDS[:6]), []).append(
+                    (float(t["elapsed_s"]), t["incumbent_s"], t["bound_s"])
+                )
+    for r in rows:
+        tr = traces.get(tuple(r[k] for k in TRACE_FIELDS[:6]))
+        if tr:
+            r["trace"] = tr
+    return rows
+
+
+def plot_gap_over_time(rows: list[dict], path: Path, min_solve_s: float = 10.0) -> bool:
+    """The proven gap against solving time, one panel per instance whose slowest MILP row
+    took at least ``min_solve_s`` (the six slowest instances), one line per formulation:
+    where a faster form's curve crosses the reference's, "faster" depends on the gap asked
+    for. Returns False (and writes nothing) when no instance qualifies."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_inst: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r.get("trace"):
+            by_inst.setdefault((r["graph"], r["n_devices"], r["budget"]), []).append(r)
+    slow = sorted(
+        (max(float(r["solve_s"]) for r in rs), key)
+        for key, rs in by_inst.items()
+        if max(float(r["solve_s"]) for r in rs) >= min_solve_s
+    )[-6:][::-1]
+    if not slow:
+        return False
+    fig, axes = plt.subplots(1, len(slow), figsize=(4.6 * len(slow), 4.2), squeeze=False)
+    for ax, (_, key) in zip(axes[0], slow, strict=True):
+        for r in by_inst[key]:
+            best_inc, best_bound, xs, ys = np.inf, -np.inf, [], []
+            for el, inc, bound in r["trace"]:
+                best_inc = min(best_inc, inc) if inc is not None else best_inc
+                best_bound = max(best_bound, bound) if bound is not None else best_bound
+                if np.isfinite(best_inc) and np.isfinite(best_bound) and best_inc > 0:
+                    xs.append(max(el, 0.1))
+                    ys.append(max(100 * (best_inc - best_bound) / best_inc, 1e-3))
+            if xs:
+                label = f"{r['solver']} / {r['formulation']}"
+                if len({x["repeat"] for x in by_inst[key]}) > 1:
+                    label += f" #{r['repeat']}"
+                ax.step(xs, ys, where="post", label=label)
+        ax.axhline(0.1, color="grey", ls=":", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("solving time (s)")
+        ax.set_ylabel("proven gap (%)")
+        ax.set_title(f"{key[0]}, {key[1]} device(s), {key[2]}", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.suptitle("proven gap over time (dotted: 0.1 %)", fontsize=10)
+    save_figure(fig, path)
+    return True
 
 
 def plot(rows: list[dict], path: Path, time_limit_s: float | None) -> None:
@@ -723,6 +864,14 @@ def main(argv: list[str] | None = None) -> int:
         help="one device: also run Checkmate's LP rounding (first formulation's rows) and "
         "record its time over the solver's schedule (rounding_excess; 'no fit' if none fits)",
     )
+    ap.add_argument(
+        "--merge",
+        nargs="+",
+        type=Path,
+        metavar="DIR",
+        help="solve nothing: merge the CSVs and traces of earlier runs (e.g. one formulation "
+        "per core, run side by side) into --out, cross-check them and redraw the figures",
+    )
     ap.add_argument("--graphs", default="", help="comma-separated graph names to keep")
     ap.add_argument("--devices", default="1,2", help="device counts to run: 1, 2 or 1,2")
     ap.add_argument("--budgets", default="", help="budget labels to keep (90%%,70%%,50%%,min)")
@@ -760,7 +909,13 @@ def main(argv: list[str] | None = None) -> int:
 
     t_all = time.perf_counter()
     rows: list[dict] = []
-    for case in suite_cases(args.suite, args.batch_size, args.costs):
+    if args.merge:
+        for d in args.merge:
+            if not (d / "solver_benchmark.csv").exists():
+                ap.error(f"--merge {d}: no solver_benchmark.csv there")
+            rows += [r for r in read_run(d) if r["status"] != "bug"]
+        forms = list(dict.fromkeys(r["formulation"] for r in rows))
+    for case in [] if args.merge else suite_cases(args.suite, args.batch_size, args.costs):
         if keep_graphs and case.graph.name not in keep_graphs:
             continue
         if len(case.devices) not in keep_dev:
@@ -794,8 +949,13 @@ def main(argv: list[str] | None = None) -> int:
     rows += cross_check(rows, options.rel_gap)
     csv_path = args.out / "solver_benchmark.csv"
     write_csv(rows, csv_path)
-    plot(rows, args.out / "solver_benchmark.png", args.time_limit_s)
+    limit = args.time_limit_s
+    if args.merge:
+        limit = max((r["time_limit_s"] for r in rows if r.get("time_limit_s")), default=None)
+    plot(rows, args.out / "solver_benchmark.png", limit)
     plot_coarsening(rows, args.out / "coarsening.png")
+    write_traces(rows, args.out / "traces.csv")
+    plot_gap_over_time(rows, args.out / "gap_over_time.png")
     log.info("%d rows in %.1f s -> %s", len(rows), time.perf_counter() - t_all, csv_path)
     print(summary(rows, forms))
     n_bug = sum(r["status"] == "bug" or str(r.get("note", "")).startswith("BUG") for r in rows)

@@ -38,8 +38,40 @@ def test_quick_two_device_row_with_spread_start(tmp_path):
         assert float(r["objective_s"]) <= float(r["warm_start_s"]) + 1e-9
         assert float(r["lp_bound_s"]) <= float(r["objective_s"]) + 1e-9
         assert float(r["placement_bound_s"]) <= float(r["objective_s"]) + 1e-9
+        # proven optimal: every gap level was reached, the looser ones no later
+        times = [float(r[f"time_to_gap_{k}_s"]) for k in solver_benchmark.GAP_LEVELS]
+        assert times == sorted(times) and times[-1] <= float(r["solve_s"]) + 1e-6
     assert abs(float(rows[0]["objective_s"]) - float(rows[1]["objective_s"])) < 1e-6
     assert (tmp_path / "solver_benchmark.png").stat().st_size > 0
+    trace = list(csv.DictReader((tmp_path / "traces.csv").open()))
+    assert {t["formulation"] for t in trace} == {"default", "reference"}
+    for form in ("default", "reference"):
+        gaps = [float(t["gap"]) for t in trace if t["formulation"] == form and t["gap"]]
+        assert gaps and gaps == sorted(gaps, reverse=True) and gaps[-1] <= 1e-4 + 1e-9
+
+
+def test_time_to_gap_takes_the_best_incumbent_and_bound_so_far():
+    trace = [(1.0, None, 80.0), (2.0, 110.0, 90.0), (3.0, 120.0, 99.0), (4.0, 100.0, 99.5)]
+    # at 2 s: 110 against 90 (18 %); at 3 s the incumbent is still 110, the bound 99 (10 %)
+    assert solver_benchmark.time_to_gap_s(trace, 0.2) == 2.0
+    assert solver_benchmark.time_to_gap_s(trace, 0.1) == 3.0
+    assert solver_benchmark.time_to_gap_s(trace, 0.005) == 4.0
+    assert solver_benchmark.time_to_gap_s(trace, 0.001) is None
+    assert solver_benchmark.time_to_gap_s([], 0.5) is None
+
+
+def test_gap_over_time_plot_only_for_slow_instances(tmp_path):
+    def row(form, solve_s, trace):
+        key = {"graph": "g", "n_devices": 2, "budget": "50%", "repeat": 0, "solver": "highs"}
+        return {**key, "formulation": form, "solve_s": solve_s, "trace": trace}
+
+    fast = [row("default", 2.0, [(1.0, 10.0, 9.0), (2.0, 10.0, 10.0)])]
+    assert not solver_benchmark.plot_gap_over_time(fast, tmp_path / "a.png")
+    assert not (tmp_path / "a.png").exists()
+    slow = fast + [row("reference", 40.0, [(1.0, None, 8.0), (5.0, 11.0, 9.0), (40.0, 10.0, 9.5)])]
+    assert solver_benchmark.plot_gap_over_time(slow, tmp_path / "b.png")
+    assert (tmp_path / "b.png").stat().st_size > 0
+    assert solver_benchmark.write_traces(slow, tmp_path / "t.csv") == 5
 
 
 def test_one_device_row_measures_lp_rounding_against_the_optimum(tmp_path):
@@ -172,3 +204,26 @@ def test_heuristics_on_the_shipped_nets(tmp_path):
         # the cost-aware greedy beats Chen's segments on vgg16 with H200 costs
         assert float(ours["time_ms"]) < float(chen["time_ms"])
     assert (tmp_path / "heuristics_nets_b.png").stat().st_size > 0
+
+
+def test_runs_made_side_by_side_merge_into_one_table(tmp_path):
+    common = ["--suite=quick", "--graphs=chain16", "--devices=1", "--budgets=90%"]
+    common += ["--time-limit-s=30", "--no-lp-bound"]
+    for form in ("default", "reference"):
+        argv = common + [f"--formulations={form}", f"--out={tmp_path / form}"]
+        assert solver_benchmark.main(argv) == 0
+    merged = tmp_path / "merged"
+    rc = solver_benchmark.main(
+        ["--merge", str(tmp_path / "default"), str(tmp_path / "reference"), f"--out={merged}"]
+    )
+    assert rc == 0
+    rows = list(csv.DictReader((merged / "solver_benchmark.csv").open()))
+    assert [r["formulation"] for r in rows] == ["default", "reference"]
+    for r in rows:  # carried over as the run wrote it
+        (one,) = list(csv.DictReader((tmp_path / r["formulation"] / "solver_benchmark.csv").open()))
+        for k in ("status", "objective_s", "solve_s", "time_to_gap_1pct_s", "agree"):
+            assert r[k] == one[k]
+    trace = list(csv.DictReader((merged / "traces.csv").open()))
+    assert {t["formulation"] for t in trace} == {"default", "reference"}
+    with pytest.raises(SystemExit):  # a folder without a run is refused, not skipped
+        solver_benchmark.main(["--merge", str(tmp_path / "nothing"), f"--out={merged}"])

@@ -283,7 +283,7 @@ def solve_coarse(
         coarse_peak_bytes=None if res.sim is None else res.sim.peak_bytes.tolist(),
     )
     res.objective_s = res.best_bound_s = res.gap = res.model_peak_bytes = None
-    for key in ("placement_bound_s", "lp_bound_s"):  # bounds on the coarse problem only
+    for key in ("placement_bound_s", "lp_bound_s", "trace"):  # of the coarse problem only
         if key in res.extra:
             res.extra[f"coarse_{key}"] = res.extra.pop(key)
     if res.schedule is None:

@@ -18,23 +18,44 @@ from xengine.solvers.model import relative_gap
 log = logging.getLogger(__name__)
 
 
-def _progress_logger(label: str, scale: float):
-    def report(elapsed_s: float, incumbent: float | None, bound: float | None) -> None:
-        incumbent = None if incumbent is None else incumbent * scale
-        bound = None if bound is None else bound * scale
+class _ProgressLog:
+    """The progress callback of one solve: logs each new incumbent (and a moved bound at
+    most every :data:`BOUND_LOG_INTERVAL_S`), and keeps every report, in seconds, as
+    ``points`` = [(elapsed_s, incumbent_s or None, bound_s or None)]: the gap over time that
+    ``experiments/solver_benchmark.py`` turns into time-to-gap columns."""
+
+    def __init__(self, label: str, scale: float) -> None:
+        self.label, self.scale = label, scale
+        self.points: list[tuple[float, float | None, float | None]] = []
+        self._logged_incumbent: float | None = None
+        self._logged_at_s = -np.inf
+
+    def __call__(self, elapsed_s: float, incumbent: float | None, bound: float | None) -> None:
+        incumbent = None if incumbent is None else incumbent * self.scale
+        bound = None if bound is None else bound * self.scale
+        self.points.append((float(elapsed_s), incumbent, bound))
+        new_incumbent = incumbent is not None and incumbent != self._logged_incumbent
+        if not new_incumbent and elapsed_s - self._logged_at_s < BOUND_LOG_INTERVAL_S:
+            return
+        self._logged_incumbent, self._logged_at_s = incumbent, elapsed_s
         gap = None
         if incumbent is not None and bound is not None and incumbent:
             gap = abs(incumbent - bound) / abs(incumbent)
         log.info(
             "%s: %.1f s incumbent %s bound %s gap %s",
-            label,
+            self.label,
             elapsed_s,
             f"{incumbent:.6g}" if incumbent is not None else "-",
             f"{bound:.6g}" if bound is not None else "-",
             f"{100 * gap:.2f}%" if gap is not None else "-",
         )
 
-    return report
+
+BOUND_LOG_INTERVAL_S = 30.0
+
+
+def _progress_logger(label: str, scale: float) -> _ProgressLog:
+    return _ProgressLog(label, scale)
 
 
 def solve_xengine(
@@ -116,9 +137,14 @@ def solve_xengine(
         res.extra["min_budget_lower_bound_bytes"] = need
         log.info("%s: %s", strategy, res.message)
         return res
-    sr = solve(
-        model, solver, options, warm_start=x0, progress=_progress_logger(strategy, form.time_scale)
-    )
+    trace = _progress_logger(strategy, form.time_scale)
+    sr = solve(model, solver, options, warm_start=x0, progress=trace)
+    if sr.objective is not None or sr.best_bound is not None:  # where the solve ended
+        end = (sr.objective, sr.best_bound)
+        trace.points.append(
+            (sr.solve_time_s, *(None if v is None else float(v) * form.time_scale for v in end))
+        )
+    res.extra["trace"] = trace.points
     res.status = sr.status
     res.solve_time_s = sr.solve_time_s
     res.message = "" if sr.status == "optimal" else sr.message

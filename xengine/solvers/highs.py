@@ -17,6 +17,8 @@ from xengine.solvers.model import (
 )
 
 log = logging.getLogger(__name__)
+BOUND_REPORT_INTERVAL_S = 1.0
+"""A moved MIP bound is passed to ``progress`` at most this often (incumbents always are)."""
 _THREADS_SET: int | None = None
 
 
@@ -114,8 +116,26 @@ def solve_highs(
             if progress is not None:
                 progress(el, obj, bound)
 
+        # The bound moves between incumbents too; a long solve's gap over time (issue 5's
+        # time-to-gap figures) needs those moves, reported at most once a second.
+        last_bound = [-np.inf, -np.inf]  # bound, elapsed at its report
+
+        def _on_interrupt(e) -> None:  # noqa: ANN001 - highspy callback object
+            bound = float(e.data_out.mip_dual_bound)
+            if not np.isfinite(bound) or bound <= last_bound[0] + 1e-9 * max(1.0, abs(bound)):
+                return
+            el = time.perf_counter() - t0
+            if el - last_bound[1] < BOUND_REPORT_INTERVAL_S:
+                return
+            last_bound[:] = [bound, el]
+            inc = float(e.data_out.mip_primal_bound)
+            if progress is not None:
+                progress(el, inc if np.isfinite(inc) else None, bound)
+
         try:
             h.cbMipImprovingSolution.subscribe(_on_improve)
+            if progress is not None and not options.relax:
+                h.cbMipInterrupt.subscribe(_on_interrupt)
         except Exception:  # pragma: no cover - older highspy without callbacks
             pass
     if warm_start is not None and not options.relax:

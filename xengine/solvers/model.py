@@ -270,7 +270,9 @@ class SolveResult:
 
 
 ProgressFn = Callable[[float, float | None, float | None], None]
-"""Called with (elapsed_s, incumbent objective, best bound) whenever the incumbent improves."""
+"""Called with (elapsed_s, incumbent objective or None, best bound or None) whenever the
+incumbent improves; HiGHS also calls it when its bound moves (at most once a second), so a
+caller can record the gap over time."""
 
 
 def relative_gap(obj: float | None, bound: float | None) -> float | None:
