@@ -624,6 +624,7 @@ def plot_gap_over_time(rows: list[dict], path: Path, min_solve_s: float = 10.0) 
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib import ticker
 
     by_inst: dict[tuple, list[dict]] = {}
     for r in rows:
@@ -636,8 +637,12 @@ def plot_gap_over_time(rows: list[dict], path: Path, min_solve_s: float = 10.0) 
     )[-6:][::-1]
     if not slow:
         return False
-    fig, axes = plt.subplots(1, len(slow), figsize=(4.6 * len(slow), 4.2), squeeze=False)
-    for ax, (_, key) in zip(axes[0], slow, strict=True):
+    ncols = min(len(slow), 3)
+    nrows = -(-len(slow) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.9 * nrows), squeeze=False)
+    for ax in axes.flat[len(slow) :]:
+        ax.set_visible(False)
+    for ax, (_, key) in zip(axes.flat, slow, strict=False):
         for r in by_inst[key]:
             best_inc, best_bound, xs, ys = np.inf, -np.inf, [], []
             for el, inc, bound in r["trace"]:
@@ -654,6 +659,10 @@ def plot_gap_over_time(rows: list[dict], path: Path, min_solve_s: float = 10.0) 
         ax.axhline(0.1, color="grey", ls=":", lw=0.8)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        # plain seconds at 1, 2, 5 x 10^k: these panels often span less than a decade
+        ax.xaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
         ax.set_xlabel("solving time (s)")
         ax.set_ylabel("proven gap (%)")
         ax.set_title(f"{key[0]}, {key[1]} device(s), {key[2]}", fontsize=9)
