@@ -879,7 +879,8 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         metavar="DIR",
         help="solve nothing: merge the CSVs and traces of earlier runs (e.g. one formulation "
-        "per core, run side by side) into --out, cross-check them and redraw the figures",
+        "per core, run side by side) into --out, cross-check them and redraw the figures "
+        "(give the --rel-gap the runs used: the cross-check allows that much)",
     )
     ap.add_argument("--graphs", default="", help="comma-separated graph names to keep")
     ap.add_argument("--devices", default="1,2", help="device counts to run: 1, 2 or 1,2")
