@@ -340,19 +340,26 @@ def coarse_start_schedule(
     return res.schedule, f"coarse{max_group} MILP, expanded", res.sim.time_s
 
 
-def time_to_gap_s(trace: list[tuple], level: float) -> float | None:
-    """First elapsed time in ``trace`` ([(elapsed_s, incumbent or None, bound or None)], as
-    :func:`xengine.solve.solve_xengine` records it) at which the best incumbent so far was
-    within ``level`` (relative) of the best bound so far; None if it never was."""
+def running_gap(trace: list[tuple]):
+    """Yield (elapsed_s, best incumbent so far, best bound so far, relative gap or None) for
+    each point of ``trace`` ([(elapsed_s, incumbent or None, bound or None)], as
+    :func:`xengine.solve.solve_xengine` records it); inf / -inf while there is none."""
     best_inc, best_bound = np.inf, -np.inf
     for el, inc, bound in trace:
         if inc is not None:
             best_inc = min(best_inc, inc)
         if bound is not None:
             best_bound = max(best_bound, bound)
-        if np.isfinite(best_inc) and np.isfinite(best_bound) and best_inc > 0:
-            if (best_inc - best_bound) / best_inc <= level + 1e-12:
-                return float(el)
+        ok = np.isfinite(best_inc) and np.isfinite(best_bound) and best_inc > 0
+        yield el, best_inc, best_bound, (best_inc - best_bound) / best_inc if ok else None
+
+
+def time_to_gap_s(trace: list[tuple], level: float) -> float | None:
+    """First elapsed time at which the best incumbent so far was within ``level`` (relative)
+    of the best bound so far; None if it never was."""
+    for el, _, _, gap in running_gap(trace):
+        if gap is not None and gap <= level + 1e-12:
+            return float(el)
     return None
 
 
@@ -562,12 +569,7 @@ def write_traces(rows: list[dict], path: Path) -> int:
         w = csv.writer(fh)
         w.writerow(TRACE_FIELDS)
         for r in rows:
-            best_inc, best_bound = np.inf, -np.inf
-            for el, inc, bound in r.get("trace") or ():
-                best_inc = min(best_inc, inc) if inc is not None else best_inc
-                best_bound = max(best_bound, bound) if bound is not None else best_bound
-                ok = np.isfinite(best_inc) and np.isfinite(best_bound) and best_inc > 0
-                gap = (best_inc - best_bound) / best_inc if ok else None
+            for el, best_inc, best_bound, gap in running_gap(r.get("trace") or ()):
                 w.writerow(
                     [r[k] for k in TRACE_FIELDS[:6]]
                     + [
@@ -644,13 +646,11 @@ def plot_gap_over_time(rows: list[dict], path: Path, min_solve_s: float = 10.0) 
         ax.set_visible(False)
     for ax, (_, key) in zip(axes.flat, slow, strict=False):
         for r in by_inst[key]:
-            best_inc, best_bound, xs, ys = np.inf, -np.inf, [], []
-            for el, inc, bound in r["trace"]:
-                best_inc = min(best_inc, inc) if inc is not None else best_inc
-                best_bound = max(best_bound, bound) if bound is not None else best_bound
-                if np.isfinite(best_inc) and np.isfinite(best_bound) and best_inc > 0:
+            xs, ys = [], []
+            for el, _, _, gap in running_gap(r["trace"]):
+                if gap is not None:
                     xs.append(max(el, 0.1))
-                    ys.append(max(100 * (best_inc - best_bound) / best_inc, 1e-3))
+                    ys.append(max(100 * gap, 1e-3))
             if xs:
                 label = f"{r['solver']} / {r['formulation']}"
                 if len({x["repeat"] for x in by_inst[key]}) > 1:

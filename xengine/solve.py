@@ -54,10 +54,6 @@ class _ProgressLog:
 BOUND_LOG_INTERVAL_S = 30.0
 
 
-def _progress_logger(label: str, scale: float) -> _ProgressLog:
-    return _ProgressLog(label, scale)
-
-
 def solve_xengine(
     inst: Instance,
     solver: str = "highs",
@@ -137,7 +133,7 @@ def solve_xengine(
         res.extra["min_budget_lower_bound_bytes"] = need
         log.info("%s: %s", strategy, res.message)
         return res
-    trace = _progress_logger(strategy, form.time_scale)
+    trace = _ProgressLog(strategy, form.time_scale)
     sr = solve(model, solver, options, warm_start=x0, progress=trace)
     if sr.objective is not None or sr.best_bound is not None:  # where the solve ended
         end = (sr.objective, sr.best_bound)
@@ -244,7 +240,7 @@ def _solve_intervals(inst, solver, options, warm_start, strategy, build_options,
         max_computes=max_computes,
         lp_bound=lp_bound,
         strategy=strategy,
-        progress=_progress_logger(strategy, 1.0),
+        progress=_ProgressLog(strategy, 1.0),
         placement=placement,
     )
 

@@ -129,8 +129,7 @@ def solve_highs(
                 return
             last_bound[:] = [bound, el]
             inc = float(e.data_out.mip_primal_bound)
-            if progress is not None:
-                progress(el, inc if np.isfinite(inc) else None, bound)
+            progress(el, inc if np.isfinite(inc) else None, bound)
 
         try:
             h.cbMipImprovingSolution.subscribe(_on_improve)
