@@ -24,10 +24,11 @@ def readers(g, name: str) -> set[str]:
     return {g.nodes[u].name for u in g.predecessors[i]}
 
 
-def edge(g, src: str, dst: str):
+def edge(g, src: str, dst: str, kind: str = "value"):
     n = names(g)
-    (e,) = [e for e in g.edges if e.src == n.index(src) and e.dst == n.index(dst)]
-    return e
+    es = [e for e in g.edges if e.src == n.index(src) and e.dst == n.index(dst) and e.kind == kind]
+    assert len(es) <= 1
+    return es[0] if es else None
 
 
 def test_unknown_net_names_the_choices():
@@ -54,10 +55,14 @@ def test_tiny_graph_shape_and_order():
     # the loss reads the logits; the last backward node gets the loss's gradient
     assert readers(g, "loss") == {"fc"}
     assert "loss" in readers(g, "grad_fc")
-    # every backward node reads its forward node's autograd state, which cannot be copied
+    # every backward node reads its forward node's autograd state, which cannot be copied;
+    # its value only where autograd saved it (relu: yes, batch norm and add: no)
     for j in range(nf):
         v = g.nodes[j].name
-        assert edge(g, v, "grad_" + v).copyable is False
+        assert edge(g, v, "grad_" + v, "state").copyable is False
+    assert edge(g, "relu1", "grad_relu1").copyable is True
+    assert edge(g, "bn1", "grad_bn1") is None and edge(g, "add", "grad_add") is None
+    assert len(g.state_edges) == nf
     # costs are empty; bytes are measured
     assert all(not v.cost_s for v in g.nodes)
     assert all(v.output_bytes > 0 for v in g.nodes if v.kind != "bwd")
@@ -65,16 +70,18 @@ def test_tiny_graph_shape_and_order():
 
 def test_tiny_backward_edges_follow_what_autograd_saves():
     g = tiny().graph
-    # a convolution's backward needs its input (for the weight gradient)
-    assert readers(g, "grad_conv2") == {"relu1", "conv2", "grad_bn2"}
+    # a convolution's backward needs its input (for the weight gradient), not its output
+    assert readers(g, "grad_conv2") == {"relu1", "grad_bn2"}
+    # batch norm's backward reads its input (the conv output), not its own output
+    assert readers(g, "grad_bn2") == {"conv2", "grad_add"}
     # relu saves its output only: its backward does not read bn1
     assert readers(g, "grad_relu1") == {"relu1", "grad_add", "grad_conv2"}
     assert "bn1" not in readers(g, "grad_relu1")
-    # add saves nothing: its backward reads only its own autograd state and the gradient
-    assert readers(g, "grad_add") == {"add", "grad_relu2"}
+    # add saves nothing: its backward reads only the gradient (and its state, by a state link)
+    assert readers(g, "grad_add") == {"grad_relu2"}
     # max-pool reads its input in backward; linear its input
     assert "relu2" in readers(g, "grad_pool")
-    assert readers(g, "grad_fc") == {"drop", "fc", "loss"}
+    assert readers(g, "grad_fc") == {"drop", "loss"}
 
 
 def test_tiny_bytes():
@@ -85,13 +92,14 @@ def test_tiny_bytes():
     by = {v.name: v for v in g.nodes}
     act = b * w * 32 * 32 * f4
     assert by["conv1"].output_bytes == act
-    # batch norm leaves its saved mean and inverse std (2 x channels floats) alive
-    assert by["bn1"].output_bytes == act + 2 * w * f4
-    # max pool leaves its int64 indices
+    # batch norm's state is its saved mean and inverse std (2 x channels floats)
+    assert by["bn1"].output_bytes == act and by["bn1"].state_bytes == 2 * w * f4
+    # max pool's state is its int64 indices
     pooled = b * w * 16 * 16
-    assert by["pool"].output_bytes == pooled * f4 + pooled * 8
-    # dropout leaves its mask, a float tensor on the CPU
-    assert by["drop"].output_bytes == 2 * pooled * f4
+    assert by["pool"].output_bytes == pooled * f4 and by["pool"].state_bytes == pooled * 8
+    # dropout's state is its mask, a float tensor on the CPU
+    assert by["drop"].output_bytes == pooled * f4 and by["drop"].state_bytes == pooled * f4
+    assert by["conv1"].state_bytes == 0 and by["relu1"].state_bytes == 0
     assert by["loss"].output_bytes == b * 10 * f4
     # a backward node outputs the gradients of its inputs that come from other nodes
     assert by["grad_add"].output_bytes == 2 * act
@@ -187,7 +195,13 @@ def test_resnet18_graph():
     adds = [s for s in cap.ops if s.target is __import__("operator").add]
     assert len(adds) == 8 and all(len(s.inputs) == 2 for s in adds)
     # conv backward reads its input; relu backward reads only its own output
-    assert readers(g, "grad_layer1_0_conv1") == {"maxpool", "layer1_0_conv1", "grad_layer1_0_bn1"}
+    assert readers(g, "grad_layer1_0_conv1") == {"maxpool", "grad_layer1_0_bn1"}
+    # batch norm backward reads the conv output; nobody keeps a bn or add output for backward
+    assert readers(g, "grad_layer1_0_bn1") == {"layer1_0_conv1", "grad_layer1_0_relu"}
+    bwd = [v for v in g.nodes if v.kind == "bwd"]
+    kept = {g.nodes[u].name for v in bwd for u in g.predecessors[g.nodes.index(v)]}
+    kept_fwd = {k for k in kept if not k.startswith("grad_") and k != "loss"}
+    assert kept_fwd and not any("bn" in k or k.startswith("add") for k in kept_fwd)
     assert readers(g, "grad_layer1_0_relu") == {"layer1_0_relu", "grad_layer1_0_conv2"}
     # the block input feeds conv1 and the residual add: its backward sums two contributions
     assert {"grad_layer1_0_conv1", "grad_add"} <= readers(g, "grad_maxpool")

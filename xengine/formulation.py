@@ -19,8 +19,13 @@ memory recurrence U. The device index adds, per DESIGN.md section 6:
     predecessor's size, and copy costs are read src -> dst. ``linearize=True`` replaces the
     product by an AND variable ``W >= R + Z - 1`` for solvers without products (HiGHS).
 
-Edges with ``copyable=False`` (a backward op reading its forward op's autograd state) are
-local in both modes: the reader must run where the state is.
+Autograd states (DESIGN.md section 3) are tensors of their own: state ``k`` of forward node
+``v`` has its residency ``SA[d,t,k]`` (``Aix``), is made by every ``R[d,t,v]``, is read only by
+``B_v`` over a local (non-copyable) edge and is freed by the same FREE rows as a value, with
+``R[d,t,v] + SA[d,t,k] <= 1`` (keeping a state into a stage that makes it anew never helps
+and the simulator rejects it). The rows below run over *tensors* (values, then states) where
+they are about residency and freeing, and over nodes where they are about computing. Value
+edges with ``copyable=False`` (version-1 graphs) are local in both modes too.
 
 Two switches change how the same model is written, never its optimum:
 
@@ -72,23 +77,28 @@ class Formulation:
     model: MilpModel
     Rix: np.ndarray  # (D, T, n) variable index or -1
     Six: np.ndarray
-    Fix: np.ndarray  # (D, T, E)
+    Fix: np.ndarray  # (D, T, E), edges in the order of ``edges``
     Xix: np.ndarray  # (D, T, E) copy indicator (exact mode, copyable edges) or -1
     Uix: np.ndarray  # (D, T, n)
     Zix: np.ndarray | None  # paper mode only
     mem_scale: float
     time_scale: float
     build_time_s: float
+    edges: tuple = ()  # value edges, then state edges: the E axis of Fix and Xix
+    Aix: np.ndarray | None = None  # (D, T, n) state residency by forward node, or -1
 
     # ------------------------------------------------------------------ reading a solution
     def schedule_from(self, x: np.ndarray) -> Schedule:
         R = np.where(self.Rix >= 0, x[np.maximum(self.Rix, 0)] > 0.5, False)
         S = np.where(self.Six >= 0, x[np.maximum(self.Six, 0)] > 0.5, False)
+        A = None
+        if self.Aix is not None:
+            A = np.where(self.Aix >= 0, x[np.maximum(self.Aix, 0)] > 0.5, False)
         if self.mode == "paper":
             # The paper model allows recomputing a node that is resident; that never helps
             # and the simulator rejects it, so the redundant computation is dropped.
             R = R & ~S
-        return Schedule(self.inst.devices, R, S)
+        return Schedule(self.inst.devices, R, S, A)
 
     def objective_s(self, x: np.ndarray) -> float:
         return self.model.objective(x) * self.time_scale
@@ -99,12 +109,12 @@ class Formulation:
         D, T, n = self.Rix.shape
         U = np.where(self.Uix >= 0, x[np.maximum(self.Uix, 0)], -np.inf) * self.mem_scale
         R = np.where(self.Rix >= 0, x[np.maximum(self.Rix, 0)], 0.0)
-        extra = R * g.workspace_bytes[None, None, :]
+        extra = R * self.inst.workspace_bytes[:, None, :]
         if (self.Xix >= 0).any():
             X = np.where(self.Xix >= 0, x[np.maximum(self.Xix, 0)], 0.0)
-            m_src = g.output_bytes[np.array([e.src for e in g.edges])]
-            dst = np.array([e.dst for e in g.edges])
-            for e in range(len(g.edges)):
+            m_src = g.output_bytes[np.array([e.src for e in self.edges])]
+            dst = np.array([e.dst for e in self.edges])
+            for e in range(len(self.edges)):
                 extra[:, :, dst[e]] += X[:, :, e] * m_src[e]
         tot = U + extra
         return np.max(tot.reshape(D, -1), axis=1)
@@ -119,37 +129,43 @@ class Formulation:
         D, T, n = self.Rix.shape
         R = sched.R.astype(float)
         S = sched.S.astype(float)
+        A = sched.states_for(g).astype(float)
         x = np.zeros(self.model.n_vars)
-        for ix, val in ((self.Rix, R), (self.Six, S)):
+        pairs = [(self.Rix, R), (self.Six, S)]
+        if self.Aix is not None:
+            pairs.append((self.Aix, A))
+        for ix, val in pairs:
             mask = ix >= 0
             x[ix[mask]] = val[mask]
+        tz = _tensors(g, self.edges)
+        SX = np.concatenate([S, A[:, :, tz.state_nodes]], axis=2)  # (D, T, n_tensors)
         Z = R + S
-        A = R.sum(axis=0)  # (T, n)
-        src = np.array([e.src for e in g.edges], dtype=np.int64)
-        dst = np.array([e.dst for e in g.edges], dtype=np.int64)
-        m = g.output_bytes.astype(float)
+        ZX = R[:, :, tz.prod] + SX
+        Acomp = R.sum(axis=0)  # (T, n)
+        src = np.array([e.src for e in self.edges], dtype=np.int64)
+        dst = np.array([e.dst for e in self.edges], dtype=np.int64)
         E = len(src)
-        # last reader of u in stage t (by node index)
-        later = np.zeros((T, E), dtype=bool)  # some j > dst[e] reads src[e] in stage t
-        succ = g.successors
+        # last reader of a tensor in stage t (by node index)
+        later = np.zeros((T, E), dtype=bool)  # some j > dst[e] reads tau[e] in stage t
         for e in range(E):
-            js = [j for j in succ[src[e]] if j > dst[e]]
+            js = tz.later[e]
             if js:
-                later[:, e] = A[:, js].sum(axis=1) > 0
-        Snext = np.concatenate([S[:, 1:, :], np.zeros((D, 1, n))], axis=1)
+                later[:, e] = Acomp[:, js].sum(axis=1) > 0
+        Snext = np.concatenate([SX[:, 1:, :], np.zeros((D, 1, SX.shape[2]))], axis=1)
         F = np.zeros((D, T, E))
         for e in range(E):
             F[:, :, e] = (
-                (Z[:, :, src[e]] > 0.5)
-                & (A[None, :, dst[e]] > 0.5)
-                & (Snext[:, :, src[e]] < 0.5)
+                (ZX[:, :, tz.tau[e]] > 0.5)
+                & (Acomp[None, :, dst[e]] > 0.5)
+                & (Snext[:, :, tz.tau[e]] < 0.5)
                 & ~later[None, :, e]
             )
         mask = self.Fix >= 0
         x[self.Fix[mask]] = F[mask]
         Xv = np.zeros((D, T, E))
         for e in range(E):
-            Xv[:, :, e] = (R[:, :, dst[e]] > 0.5) & (Z[:, :, src[e]] < 0.5)
+            if self.edges[e].copyable:
+                Xv[:, :, e] = (R[:, :, dst[e]] > 0.5) & (Z[:, :, src[e]] < 0.5)
         mask = self.Xix >= 0
         x[self.Xix[mask]] = Xv[mask]
         if self._Yix is not None:
@@ -160,15 +176,16 @@ class Formulation:
                         holders = [a for a in range(D) if a != d and Z[a, t, src[e]] > 0.5]
                         a = min(holders, key=lambda h: (CP[h, d, src[e]], h))
                         x[self._Yix[a, d, t, e]] = 1.0
-        # U recurrence
+        # U recurrence: what node k leaves (value and state), minus what its predecessor freed
+        made = g.output_bytes.astype(float) + g.state_bytes.astype(float)
         freed = np.zeros((D, T, n))
         for e in range(E):
-            freed[:, :, dst[e]] += F[:, :, e] * m[src[e]]
+            freed[:, :, dst[e]] += F[:, :, e] * tz.bytes[tz.tau[e]]
         for t in range(T):
-            u = R[:, t, 0] * m[0] + S[:, t, :] @ m
+            u = R[:, t, 0] * made[0] + SX[:, t, :] @ tz.bytes
             for k in range(n):
                 if k > 0:
-                    u = u + R[:, t, k] * m[k] - freed[:, t, k - 1]
+                    u = u + R[:, t, k] * made[k] - freed[:, t, k - 1]
                 idx = self.Uix[:, t, k]
                 ok = idx >= 0
                 if not ok.any():
@@ -179,6 +196,32 @@ class Formulation:
     _Yix: np.ndarray | None = None
     blocked: tuple[str, int] | None = None
     """(node, bytes) when some node fits on no device: the model is infeasible as built."""
+
+
+@dataclass(frozen=True)
+class _Tensors:
+    """What the rows about residency and freeing run over: the values (tensor i = node i's
+    value) and then the states (tensor n + k = state of ``state_nodes[k]``)."""
+
+    prod: np.ndarray  # (n_tensors,) the node that makes each tensor
+    bytes: np.ndarray  # (n_tensors,) float
+    state_nodes: np.ndarray  # (n_states,) forward nodes with a state, in state-edge order
+    tau: np.ndarray  # (E,) the tensor each edge reads
+    later: list  # per edge: readers j > dst of the same tensor
+
+
+def _tensors(g, edges) -> _Tensors:
+    n = g.size
+    state_nodes = np.array([e.src for e in g.state_edges], dtype=np.int64)
+    slot = {int(v): n + k for k, v in enumerate(state_nodes)}
+    prod = np.concatenate([np.arange(n), state_nodes]).astype(np.int64)
+    nbytes = np.concatenate(
+        [g.output_bytes.astype(float), g.state_bytes[state_nodes].astype(float)]
+    )
+    tau = np.array([slot[e.src] if e.is_state else e.src for e in edges], dtype=np.int64)
+    succ = g.successors
+    later = [[] if e.is_state else [j for j in succ[e.src] if j > e.dst] for e in edges]
+    return _Tensors(prod, nbytes, state_nodes, tau, later)
 
 
 def twin_of_first(inst: Instance) -> bool:
@@ -195,6 +238,33 @@ def twin_of_first(inst: Instance) -> bool:
         ):
             return True
     return False
+
+
+def _state_rows(b: ModelBuilder, Rix: np.ndarray, Aix: np.ndarray, D: int, T: int) -> None:
+    """A state persists only where it was (SA[d,t+1,v] <= R[d,t,v] + SA[d,t,v]) and is never
+    kept into a stage that makes it anew (R[d,t,v] + SA[d,t,v] <= 1)."""
+    at, ai = np.nonzero(Aix[0] >= 0)  # t > v for a forward node v with a state
+    k = at.size
+    rows = np.arange(k)
+    for d in range(D):
+        b.add_rows(
+            "state_persistence",
+            k,
+            np.concatenate([rows, rows, rows]),
+            np.concatenate([Aix[d, at, ai], Rix[d, at - 1, ai], Aix[d, at - 1, ai]]),
+            np.concatenate([np.ones(k), -np.ones(k), -np.ones(k)]),
+            -np.inf,
+            0.0,
+        )
+        b.add_rows(
+            "state_presence",
+            k,
+            np.concatenate([rows, rows]),
+            np.concatenate([Rix[d, at, ai], Aix[d, at, ai]]),
+            1.0,
+            -np.inf,
+            1.0,
+        )
 
 
 def default_free_rows(solver: str) -> str:
@@ -239,18 +309,23 @@ def build(
     g = inst.graph
     D, n = inst.n_devices, g.size
     T = n
+    edges = g.value_edges + g.state_edges
+    tz = _tensors(g, edges)
     m = g.output_bytes.astype(float)
-    wsp = g.workspace_bytes.astype(float)
-    mem_scale = float(max(m.max(), 1.0))
+    wsp = inst.workspace_bytes.astype(float)  # (D, n): measured per device
+    mem_scale = float(max(tz.bytes.max(), 1.0))
     mb = m / mem_scale
+    madeb = (m + g.state_bytes) / mem_scale  # what computing node k leaves: value + state
+    mtb = tz.bytes / mem_scale  # per tensor
     wb = wsp / mem_scale
     budgets = np.minimum(inst.budgets.astype(float) / mem_scale, 1e12)
     C = inst.compute_s
     time_scale = float(max(C.max(), 1e-12))
     Cs = C / time_scale
-    src = np.array([e.src for e in g.edges], dtype=np.int64)
-    dst = np.array([e.dst for e in g.edges], dtype=np.int64)
-    copyable = np.array([e.copyable for e in g.edges], dtype=bool)
+    src = np.array([e.src for e in edges], dtype=np.int64)  # the node that makes the tensor
+    dst = np.array([e.dst for e in edges], dtype=np.int64)
+    tau = tz.tau  # the tensor read: a value (= src) or a state (n + k)
+    copyable = np.array([e.copyable for e in edges], dtype=bool)
     E = len(src)
     multi = D >= 2
 
@@ -275,11 +350,18 @@ def build(
 
     Rix = alloc(tri_le, 0, 1, True)
     Six = alloc(tri_lt, 0, 1, True)
+    Aix = None
+    SX = Six  # residency of every tensor: values, then states
+    if g.has_states:
+        has_state = np.zeros(n, dtype=bool)
+        has_state[tz.state_nodes] = True
+        Aix = alloc(stage_lt & has_state[None, :], 0, 1, True)
+        SX = np.concatenate([Six, Aix[:, :, tz.state_nodes]], axis=2)
     # A node can only run on a device whose budget holds its inputs, output and workspace at
     # once (every input must be on the running device, resident or copied). Fixing the other
     # R entries to zero keeps every feasible schedule and spares the solver from proving it.
-    footprint = g.node_lower_bound_bytes()
-    cannot_run = footprint[None, :] > inst.budgets[:, None]  # (D, n)
+    footprint = np.stack([g.node_lower_bound_bytes(dv) for dv in inst.devices])  # (D, n)
+    cannot_run = footprint > inst.budgets[:, None]  # (D, n)
     blocked_nodes = np.flatnonzero(cannot_run.all(axis=0))
     Zix = alloc(tri_le, 0, 1, True) if (mode == "paper" and multi) else None
     tt, ii = np.nonzero(tri_le)
@@ -393,6 +475,8 @@ def build(
             -np.inf,
             0.0,
         )
+    if Aix is not None:
+        _state_rows(b, Rix, Aix, D, T)
 
     # 5. dependencies
     cp_mask = copyable[te_e]
@@ -455,7 +539,7 @@ def build(
                 [
                     Rix[d, local_t, dst[local_e]],
                     Rix[d, local_t, src[local_e]],
-                    Six[d, local_t, src[local_e]],
+                    SX[d, local_t, tau[local_e]],
                 ]
             ),
             np.concatenate([np.ones(k), -np.ones(k), -np.ones(k)]),
@@ -578,8 +662,7 @@ def build(
     #    1 - F <= h <= kappa (1 - F), F binary. Tight: F >= 1 - h, F <= each condition.
     tight = free_rows == "tight"
     Fix = np.full((D, T, E), -1, dtype=np.int64)
-    succ = g.successors
-    later_lists = [[j for j in succ[src[e]] if j > dst[e]] for e in range(E)]
+    later_lists = tz.later
     by_edge = [np.flatnonzero(te_e == e) for e in range(E)]
     for d in range(D):
         Fix[d, te_t, te_e] = b.add_vars(n_te, 0, 1, not tight)
@@ -593,7 +676,7 @@ def build(
             ("pos", row, [Rix[a, te_t, dst[te_e]] for a in devs_a])
         ]
         has_next = np.flatnonzero(te_t + 1 < T)
-        conds.append(("neg", has_next, [Six[d, te_t[has_next] + 1, src[te_e[has_next]]]]))
+        conds.append(("neg", has_next, [SX[d, te_t[has_next] + 1, tau[te_e[has_next]]]]))
         # later readers j with dst < j <= t (reference: every later reader, as published;
         # R[t, j] = 0 for j > t by the stage rows)
         for e in range(E):
@@ -602,12 +685,19 @@ def build(
                 if sel.size:
                     conds.append(("neg", sel, [Rix[a, te_t[sel], j] for a in devs_a]))
         if multi and mode == "exact":
-            conds.append(("pos", row, [Rix[d, te_t, src[te_e]], Six[d, te_t, src[te_e]]]))
+            conds.append(("pos", row, [Rix[d, te_t, src[te_e]], SX[d, te_t, tau[te_e]]]))
         elif multi:
             # paper mode, per device: only a device that holds u can free it. Without this a
             # device running a reader of a remote u would be credited with freeing bytes it
-            # never held (the published rows were summed over devices, which hid it).
-            conds.append(("pos", row, [Zix[d, te_t, src[te_e]]]))
+            # never held (the published rows were summed over devices, which hid it). A state
+            # is on d when it is made or kept there (R + SA <= 1).
+            is_st = tau[te_e] >= n
+            vr, sr = row[~is_st], row[is_st]
+            conds.append(("pos", vr, [Zix[d, te_t[vr], src[te_e[vr]]]]))
+            if sr.size:
+                conds.append(
+                    ("pos", sr, [Rix[d, te_t[sr], src[te_e[sr]]], SX[d, te_t[sr], tau[te_e[sr]]]])
+                )
         hconst = np.zeros(n_te)  # h = hconst + lin
         kappa = np.zeros(n_te)
         lin_r, lin_c, lin_v = [], [], []
@@ -667,15 +757,20 @@ def build(
     for e in range(E):
         freed_by_node[dst[e]].append(e)
     for d in range(D):
-        # k = 0 rows: U[d,t,0] - m0 R[d,t,0] - sum_{i<t} m_i S[d,t,i] = 0
+        # k = 0 rows: U[d,t,0] - m0 R[d,t,0] - sum_{i<t} m_i S[d,t,i] - states kept = 0
         r0, c0, v0 = [np.arange(T)], [Uix[d, :, 0]], [np.ones(T)]
         r0.append(np.arange(T))
         c0.append(Rix[d, :, 0])
-        v0.append(np.full(T, -mb[0]))
+        v0.append(np.full(T, -madeb[0]))
         st, si = np.nonzero(tri_lt)
         r0.append(st)
         c0.append(Six[d, st, si])
         v0.append(-mb[si])
+        if Aix is not None:
+            at, ai = np.nonzero(Aix[d] >= 0)
+            r0.append(at)
+            c0.append(Aix[d, at, ai])
+            v0.append(-(madeb - mb)[ai])
         b.add_rows(
             "mem_init", T, np.concatenate(r0), np.concatenate(c0), np.concatenate(v0), 0.0, 0.0
         )
@@ -685,7 +780,7 @@ def build(
         rows = np.arange(nk)
         rr = [rows, rows, rows]
         cc = [Uix[d, kt, kk], Uix[d, kt, kk - 1], Rix[d, kt, kk]]
-        vv = [np.ones(nk), -np.ones(nk), -mb[kk]]
+        vv = [np.ones(nk), -np.ones(nk), -madeb[kk]]
         # frees of edges into node k-1 in stage t
         pos = {(int(a), int(c)): r for r, (a, c) in enumerate(zip(kt, kk, strict=True))}
         fr, fc, fv = [], [], []
@@ -694,7 +789,7 @@ def build(
             if r is not None:
                 fr.append(r)
                 fc.append(Fix[d, t_, e_])
-                fv.append(mb[src[e_]])
+                fv.append(mtb[tau[e_]])
         rr.append(np.array(fr, dtype=np.int64))
         cc.append(np.array(fc, dtype=np.int64))
         vv.append(np.array(fv, dtype=float))
@@ -703,7 +798,7 @@ def build(
         )
         # budget rows with transient copies and workspace where they exist
         kt, kk = np.nonzero(tri_le)
-        trans = wb[kk] > 0
+        trans = wb[d, kk] > 0
         if multi and mode == "exact":
             has_copy_in = np.zeros(n, dtype=bool)
             has_copy_in[dst[copyable]] = True
@@ -713,7 +808,7 @@ def build(
             pos = {(int(kt[s]), int(kk[s])): r for r, s in enumerate(sel)}
             rr = [np.arange(sel.size), np.arange(sel.size)]
             cc = [Uix[d, kt[sel], kk[sel]], Rix[d, kt[sel], kk[sel]]]
-            vv = [np.ones(sel.size), wb[kk[sel]]]
+            vv = [np.ones(sel.size), wb[d, kk[sel]]]
             if multi and mode == "exact":
                 xr, xc, xv = [], [], []
                 for t_, e_ in zip(te_t[cp_mask], te_e[cp_mask], strict=True):
@@ -755,11 +850,14 @@ def build(
         mem_scale=mem_scale,
         time_scale=time_scale,
         build_time_s=time.perf_counter() - t0,
+        edges=edges,
+        Aix=Aix,
     )
     f._Yix = Yix
     if blocked_nodes.size:
-        v = int(blocked_nodes[np.argmax(footprint[blocked_nodes])])
-        f.blocked = (g.nodes[v].name, int(footprint[v]))
+        least = footprint.min(axis=0)
+        v = int(blocked_nodes[np.argmax(least[blocked_nodes])])
+        f.blocked = (g.nodes[v].name, int(least[v]))
     log.info(
         "built %s: %d vars (%d integer), %d rows, %d nonzeros in %.2f s",
         model.name,

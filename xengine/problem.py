@@ -68,6 +68,11 @@ class Instance:
         return out
 
     @cached_property
+    def workspace_bytes(self) -> np.ndarray:
+        """(D, n) bytes node i needs only while it runs on device d (measured per device)."""
+        return np.stack([self.graph.workspace_on(d) for d in self.devices])
+
+    @cached_property
     def budgets(self) -> np.ndarray:
         return np.asarray(self.budget_bytes, dtype=np.int64)
 

@@ -13,9 +13,13 @@ Semantics, per stage ``t``:
   copy occupies the input's bytes on the running device only while the consumer runs;
 * after all computations of node ``k``, every tensor whose last reader in this stage is ``k``
   is freed on every device that is not keeping it for stage ``t + 1``;
-* memory of device ``d`` at a step = everything alive on ``d`` (residents, outputs computed so
-  far and not freed, including the step's own output) + transient copies + the workspace of the
-  node running on ``d``;
+* a forward op's autograd state (``S_state``) is made on the device by every computation of
+  ``F_v`` there, read only by ``B_v`` on that device, never copied, and freed after ``B_v`` (or
+  at the end of the stage) unless kept for stage ``t + 1``; keeping it into a stage that
+  computes ``F_v`` again on the same device is an error, as recomputing a resident value is;
+* memory of device ``d`` at a step = everything alive on ``d`` (resident values and states,
+  values and states made so far and not freed, including the step's own) + transient copies +
+  the workspace of the node running on ``d`` (measured on ``d``);
 * predicted time = all compute times + all copy times (devices run one after another).
 """
 
@@ -37,8 +41,9 @@ class ScheduleError(ValueError):
 
 @dataclass(frozen=True)
 class Op:
-    """One instruction: ``compute`` node on device, ``copy`` node's output from src_device to
-    device (transient, for the next compute on that device), or ``free`` node on device."""
+    """One instruction: ``compute`` node on device, ``copy`` node's value from src_device to
+    device (transient, for the next compute on that device), ``free`` node's value on device,
+    or ``free_state`` node's autograd state on device."""
 
     kind: str
     stage: int
@@ -82,24 +87,18 @@ def simulate(inst: Instance, sched: Schedule, check_budget: bool = True) -> Simu
     R, S = sched.R, sched.S
     if R.shape != (D, n, n):
         raise ScheduleError(f"schedule has shape {R.shape}, expected {(D, n, n)} (T = n stages)")
+    A = sched.states_for(g)
     m = g.output_bytes
-    w = g.workspace_bytes
+    sb = g.state_bytes
+    w = inst.workspace_bytes
     C = inst.compute_s
     CP = inst.copy_s
     budgets = inst.budgets
     in_edges = g.in_edges
+    state_src = g.state_source.tolist()
     names = [v.name for v in g.nodes]
     dev = inst.devices
-
-    if S[:, 0, :].any():
-        raise ScheduleError("stage 0: nothing can be resident before the first stage")
-    upper = np.triu(np.ones((n, n), dtype=bool), k=1)
-    if (R & upper).any():
-        d, t, i = np.argwhere(R & upper)[0]
-        raise ScheduleError(f"stage {t}: node {i} ({names[i]}) is computed ahead of the frontier")
-    if (S & ~np.tril(np.ones((n, n), dtype=bool), k=-1)).any():
-        d, t, i = np.argwhere(S & ~np.tril(np.ones((n, n), dtype=bool), k=-1))[0]
-        raise ScheduleError(f"stage {t}: node {i} ({names[i]}) is resident before it was computed")
+    _check_structure(g, R, S, A, names)
 
     time_compute = 0.0
     time_copy = 0.0
@@ -115,21 +114,20 @@ def simulate(inst: Instance, sched: Schedule, check_budget: bool = True) -> Simu
         if not R[:, t, t].any():
             raise ScheduleError(f"stage {t}: node {t} ({names[t]}) is not computed on any device")
         alive = [set(np.flatnonzero(S[d, t]).tolist()) for d in range(D)]
-        keep_next = (
-            [set(np.flatnonzero(S[d, t + 1]).tolist()) for d in range(D)]
-            if t + 1 < n
-            else [set() for _ in range(D)]
+        alive_st = [set(np.flatnonzero(A[d, t]).tolist()) for d in range(D)]
+        last = t + 1 >= n
+        keep_next = [set() if last else set(np.flatnonzero(S[d, t + 1]).tolist()) for d in range(D)]
+        keep_st = [set() if last else set(np.flatnonzero(A[d, t + 1]).tolist()) for d in range(D)]
+        _check_kept(R, t, alive, keep_next, alive_st, keep_st, names, dev)
+        alive_bytes = np.array(
+            [
+                sum(int(m[i]) for i in a) + sum(int(sb[i]) for i in b)
+                for a, b in zip(alive, alive_st, strict=True)
+            ],
+            dtype=np.int64,
         )
-        for d in range(D):
-            for i in keep_next[d]:
-                if i not in alive[d] and not R[d, t, i]:
-                    raise ScheduleError(
-                        f"stage {t + 1}: node {i} ({names[i]}) is kept on {dev[d]} but was "
-                        f"neither resident nor computed there in stage {t}"
-                    )
-        alive_bytes = np.array([sum(int(m[i]) for i in a) for a in alive], dtype=np.int64)
         comp_nodes = np.flatnonzero(R[:, t, : t + 1].any(axis=0))
-        # last reader (by node index) of every tensor in this stage
+        # last reader (by node index) of every value in this stage
         last_use: dict[int, int] = {}
         for v in comp_nodes.tolist():
             for e in in_edges[v]:
@@ -145,6 +143,14 @@ def simulate(inst: Instance, sched: Schedule, check_budget: bool = True) -> Simu
                     raise ScheduleError(
                         f"stage {t}: node {v} ({names[v]}) is recomputed on {dev[d]} while it "
                         "is already there"
+                    )
+                u = state_src[v]
+                if u >= 0 and u not in alive_st[d]:
+                    raise ScheduleError(
+                        f"stage {t}: node {v} ({names[v]}) on {dev[d]} needs the autograd "
+                        f"state of node {u} ({names[u]}), which is not on {dev[d]} (a state "
+                        f"cannot be copied: {names[u]} must have run on {dev[d]} and its "
+                        "state must be kept there)"
                     )
                 transient = 0
                 for e in in_edges[v]:
@@ -177,7 +183,10 @@ def simulate(inst: Instance, sched: Schedule, check_budget: bool = True) -> Simu
                 computed_once[v] = True
                 alive[d].add(v)
                 alive_bytes[d] += int(m[v])
-                step_mem[d] = alive_bytes[d] + transient + int(w[v])
+                if g.state_reader[v] >= 0:
+                    alive_st[d].add(v)
+                    alive_bytes[d] += int(sb[v])
+                step_mem[d] = alive_bytes[d] + transient + int(w[d, v])
             # devices that did not run v hold what is alive on them (plus v on those that did)
             for d in range(D):
                 if not R[d, t, v]:
@@ -199,10 +208,19 @@ def simulate(inst: Instance, sched: Schedule, check_budget: bool = True) -> Simu
                         alive[d].discard(u)
                         alive_bytes[d] -= int(m[u])
                         ops.append(Op("free", t, u, d))
+            u = state_src[v]
+            if u >= 0:
+                for d in range(D):
+                    if u in alive_st[d] and u not in keep_st[d]:
+                        alive_st[d].discard(u)
+                        alive_bytes[d] -= int(sb[u])
+                        ops.append(Op("free_state", t, u, d))
         # end of stage: drop what is neither used nor kept
         for d in range(D):
             for u in sorted(alive[d] - keep_next[d]):
                 ops.append(Op("free", t, u, d))
+            for u in sorted(alive_st[d] - keep_st[d]):
+                ops.append(Op("free_state", t, u, d))
 
     mem = np.stack(mem_cols, axis=1) if mem_cols else np.zeros((D, 0), dtype=np.int64)
     return Simulation(
@@ -219,3 +237,52 @@ def simulate(inst: Instance, sched: Schedule, check_budget: bool = True) -> Simu
         ops=ops,
         violations=violations,
     )
+
+
+def _check_structure(g, R: np.ndarray, S: np.ndarray, A: np.ndarray, names: list[str]) -> None:
+    """Stage structure: nothing resident before stage 0, no computation ahead of the frontier,
+    nothing resident before its first computation, states only of ops that have one."""
+    n = g.size
+    if S[:, 0, :].any() or A[:, 0, :].any():
+        raise ScheduleError("stage 0: nothing can be resident before the first stage")
+    upper = np.triu(np.ones((n, n), dtype=bool), k=1)
+    if (R & upper).any():
+        d, t, i = np.argwhere(R & upper)[0]
+        raise ScheduleError(f"stage {t}: node {i} ({names[i]}) is computed ahead of the frontier")
+    not_yet = ~np.tril(np.ones((n, n), dtype=bool), k=-1)
+    for what, X in (("", S), ("the state of ", A)):
+        if (X & not_yet).any():
+            d, t, i = np.argwhere(X & not_yet)[0]
+            raise ScheduleError(
+                f"stage {t}: {what}node {i} ({names[i]}) is resident before it was computed"
+            )
+    stateless = g.state_reader < 0
+    if A[:, :, stateless].any():
+        d, t, i = np.argwhere(A & stateless[None, None, :])[0]
+        raise ScheduleError(
+            f"stage {t}: the schedule keeps a state of node {i} ({names[i]}), which has none"
+        )
+
+
+def _check_kept(R, t, alive, keep_next, alive_st, keep_st, names, dev) -> None:
+    """What stage ``t + 1`` keeps was on the device in stage ``t``; a state is not kept into a
+    stage that makes it anew."""
+    for d in range(len(alive)):
+        for i in keep_next[d]:
+            if i not in alive[d] and not R[d, t, i]:
+                raise ScheduleError(
+                    f"stage {t + 1}: node {i} ({names[i]}) is kept on {dev[d]} but was "
+                    f"neither resident nor computed there in stage {t}"
+                )
+        for i in keep_st[d]:
+            if i not in alive_st[d] and not R[d, t, i]:
+                raise ScheduleError(
+                    f"stage {t + 1}: the state of node {i} ({names[i]}) is kept on {dev[d]}, "
+                    f"where {names[i]} has not run"
+                )
+        for i in alive_st[d]:
+            if R[d, t, i]:
+                raise ScheduleError(
+                    f"stage {t}: the state of node {i} ({names[i]}) is kept on {dev[d]} into a "
+                    f"stage that computes {names[i]} there again (which makes a new state)"
+                )

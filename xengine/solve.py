@@ -246,7 +246,8 @@ def _solve_intervals(inst, solver, options, warm_start, strategy, build_options,
 
 
 def _restrict(form, placement: np.ndarray) -> None:
-    """Fix R and S of node ``i`` at zero on every device but ``placement[i]`` (in place)."""
+    """Fix R, S (and the state's residency) of node ``i`` at zero on every device but
+    ``placement[i]`` (in place)."""
     placement = np.asarray(placement, dtype=np.int64)
     D, _, n = form.Rix.shape
     if placement.shape != (n,) or placement.min() < -1 or placement.max() >= D:
@@ -256,7 +257,7 @@ def _restrict(form, placement: np.ndarray) -> None:
     # (D, n): not this node's device; a node placed at -1 stays free on every device
     other = (np.arange(D)[:, None] != placement[None, :]) & (placement[None, :] >= 0)
     ub = form.model.ub.copy()
-    for ix in (form.Rix, form.Six):
+    for ix in (form.Rix, form.Six) + ((form.Aix,) if form.Aix is not None else ()):
         sel = ix[other[:, None, :].repeat(ix.shape[1], axis=1)]
         ub[sel[sel >= 0]] = 0.0
     form.model.ub = ub

@@ -7,18 +7,22 @@ The executor performs exactly ``simulate(inst, sched).ops``, in order:
   register for ``v`` and drop the transient copies;
 * ``copy u to d``: make a transient copy of ``u``'s register on ``d`` (a real clone between
   logical CPU devices, a transfer to or from CUDA);
-* ``free u on d``: drop the register.
+* ``free u on d``: drop the value register;
+* ``free_state v on d``: drop ``F_v``'s autograd state on ``d``.
 
 Nothing else keeps tensors alive. A forward op runs on fresh leaves that alias its inputs'
-storage (emptied once the op has run, so they keep nothing alive); what autograd saves for an
-input or for the output is not a reference but a lookup, at backward time, into the registers
-of the device the backward runs on (``saved_tensors_hooks``). Only tensors that belong to the op
-alone (pooling indices, batch-norm statistics, dropout masks) are held by the op's autograd
-state and are freed with its register.
+storage (emptied once the op has run, so they keep nothing alive). Its result is split in two
+registers, as the graph splits it (DESIGN.md section 3): the *value* (the output, detached) and
+the *state* (the gradient edge of the output, ``torch.autograd.graph.get_gradient_edge``, which
+holds ``grad_fn`` but not the output's storage, plus the gradient edges of its inputs). What
+autograd saves for an input or for the output is not a reference but a lookup, at backward
+time, into the value registers of the device the backward runs on (``saved_tensors_hooks``).
+Only tensors that belong to the op alone (pooling indices, batch-norm statistics, dropout
+masks) are held by ``grad_fn`` and are freed with the state.
 
-A backward node ``B_v`` calls ``torch.autograd.grad`` on ``F_v``'s output with the sum of the
-gradient contributions of ``v``'s consumers, keeping ``F_v``'s graph (a backward node may be
-recomputed). Parameter gradients are accumulated into preallocated ``.grad`` buffers on the
+A backward node ``B_v`` calls ``torch.autograd.grad`` on ``F_v``'s output edge with the sum of
+the gradient contributions of ``v``'s consumers, keeping ``F_v``'s graph (a backward node may
+be recomputed). Parameter gradients are accumulated into preallocated ``.grad`` buffers on the
 first computation of ``B_v`` in the step only. Recomputation is free of side effects: a
 stochastic op replays the random state of its first run, and an op that updates module buffers
 (batch-norm running statistics) has them restored after a recomputation.
@@ -52,7 +56,7 @@ from torch import nn
 from xengine.graph.capture import CapturedModel, alias_leaf, fixed_storage_ptrs, storage_ptr
 from xengine.graph.types import CopyModel
 from xengine.problem import Instance
-from xengine.schedule import Schedule
+from xengine.schedule import Schedule, keep_all_schedule
 from xengine.simulate import Op, simulate
 
 log = logging.getLogger(__name__)
@@ -168,11 +172,11 @@ def _unpack(h: _Saved) -> torch.Tensor:
 
 
 @dataclass
-class _FwdBundle:
-    """A forward op's register: its output (with its autograd graph) and the gradient edges of
-    its inputs (their leaves are emptied)."""
+class _State:
+    """A forward op's autograd state: the gradient edge of its output (``None`` when the output
+    needs no gradient) and those of its inputs (their leaves are emptied)."""
 
-    y: torch.Tensor
+    out_edge: Any
     edges: dict[int, Any] = field(default_factory=dict)
 
 
@@ -230,6 +234,7 @@ class _Runtime:
     # ---------------------------------------------------------------- step state
     def reset(self) -> None:
         self.reg: dict[str, dict[int, Any]] = {d: {} for d in self.devices}
+        self.state: dict[str, dict[int, _State]] = {d: {} for d in self.devices}
         self.transient: dict[str, dict[int, Any]] = {d: {} for d in self.devices}
         self.first_done: set[int] = set()
         self.rng_states: dict[int, torch.Tensor] = {}
@@ -243,7 +248,7 @@ class _Runtime:
                     p.grad.zero_()
 
     def live_count(self) -> int:
-        return sum(len(r) for r in self.reg.values())
+        return sum(len(r) for r in self.reg.values()) + sum(len(r) for r in self.state.values())
 
     # ---------------------------------------------------------------- lookups
     def provided(self, d: str, u: int) -> Any:
@@ -257,8 +262,7 @@ class _Runtime:
         return val
 
     def fwd_tensor(self, d: str, u: int) -> torch.Tensor:
-        val = self.provided(d, u)
-        return val.y if isinstance(val, _FwdBundle) else val
+        return self.provided(d, u)
 
     def _set_threads(self, d: str) -> None:
         k = self.specs[d].threads
@@ -279,17 +283,19 @@ class _Runtime:
         val = self.reg[src].get(u)
         if val is None:
             raise RuntimeError(f"executor: copy of node {u} from {src}, which does not hold it")
-        if isinstance(val, _FwdBundle):
-            out: Any = self.copy_tensor(val.y, dst)
-        elif isinstance(val, dict):
+        if isinstance(val, dict):
             out = {k: self.copy_tensor(t, dst) for k, t in val.items()}
         else:
-            out = self.copy_tensor(val, dst)
+            out: Any = self.copy_tensor(val, dst)
         self.transient[dst][u] = out
 
     def free(self, u: int, d: str) -> None:
         if self.reg[d].pop(u, None) is None:
             raise RuntimeError(f"executor: free of node {u} on {d}, which does not hold it")
+
+    def free_state(self, v: int, d: str) -> None:
+        if self.state[d].pop(v, None) is None:
+            raise RuntimeError(f"executor: free of the state of node {v} on {d}, which has none")
 
     def compute(self, v: int, d: str, first: bool | None = None) -> None:
         """Run node ``v`` on device ``d`` and keep its result in ``d``'s register.
@@ -301,7 +307,9 @@ class _Runtime:
         self._set_threads(d)
         kind = self.g.nodes[v].kind
         if kind == "fwd":
-            val = self._forward(v, d, first)
+            val, state = self._forward(v, d, first)
+            if state is not None and self.g.state_reader[v] >= 0:
+                self.state[d][v] = state
         elif kind == "loss":
             val = self._loss(d, first)
         else:
@@ -311,7 +319,7 @@ class _Runtime:
         self.transient[d].clear()
 
     # ---------------------------------------------------------------- node runners
-    def _forward(self, v: int, d: str, first: bool) -> Any:
+    def _forward(self, v: int, d: str, first: bool) -> tuple[torch.Tensor, _State | None]:
         spec = self.ops[v]
         dev = self.specs[d].torch_device
         ins = [self.fwd_tensor(d, u) for u in spec.inputs]
@@ -325,7 +333,7 @@ class _Runtime:
                     y = y.clone()
             if v == self.nf - 1 and first:
                 self.loss_value = _infer_loss(y, self.target[d])
-            return y
+            return y, None
         grad_set = set(spec.grad_inputs)
         leaves = [alias_leaf(t, u in grad_set) for t, u in zip(ins, spec.inputs, strict=True)]
         handles: list[_Saved] = []
@@ -384,7 +392,8 @@ class _Runtime:
             for leaf in leaves:
                 leaf.set_()
         del leaves, handles, ins
-        return _FwdBundle(y, edges)
+        out_edge = torch.autograd.graph.get_gradient_edge(y) if y.requires_grad else None
+        return y.detach(), _State(out_edge, edges)
 
     def _loss(self, d: str, first: bool) -> torch.Tensor:
         logits = self.fwd_tensor(d, self.nf - 1)
@@ -400,13 +409,13 @@ class _Runtime:
         v = self.g.nodes[b].fwd_index
         assert v is not None
         spec = self.ops[v]
-        bundle = self.reg[d].get(v)
-        if not isinstance(bundle, _FwdBundle):
+        state = self.state[d].get(v)
+        if state is None:
             raise RuntimeError(
                 f"executor: {self.g.nodes[b].name} on {d} needs the autograd state of "
                 f"{spec.name}, which is not resident on {d}"
             )
-        if not spec.requires_grad:
+        if not spec.requires_grad or state.out_edge is None:
             return {}
         # consumers in reverse forward order: the order in which autograd's engine receives
         # and sums them in a plain backward pass, so that sums of 3+ terms agree bit for bit
@@ -422,12 +431,12 @@ class _Runtime:
             grad_out = contrib[0] + contrib[1]
             for c in contrib[2:]:
                 grad_out.add_(c)
-        inputs = [bundle.edges[u] for u in spec.grad_inputs]
+        inputs = [state.edges[u] for u in spec.grad_inputs]
         params = [self.params[d][n] for n in spec.param_names] if first else []
         if not inputs and not params:
             return {}
         grads = torch.autograd.grad(
-            bundle.y, inputs + params, grad_out, retain_graph=True, allow_unused=True
+            [state.out_edge], inputs + params, [grad_out], retain_graph=True, allow_unused=True
         )
         k = len(inputs)
         with torch.no_grad():
@@ -501,13 +510,13 @@ def _check_inputs(cap: CapturedModel, inst: Instance, sched: Schedule) -> None:
                 f"({b.kind}) in the captured model: the schedule is for another graph"
             )
     for i, (a, b) in enumerate(zip(g.nodes, h.nodes, strict=True)):
-        if a.output_bytes != b.output_bytes:
+        if a.output_bytes != b.output_bytes or a.state_bytes != b.state_bytes:
             raise ValueError(
                 f"node {i} ({a.name!r}) has {a.output_bytes} bytes in the instance's graph but "
                 f"{b.output_bytes} in the captured model: the schedule is for another graph "
                 "(other batch or input size?)"
             )
-    if {(e.src, e.dst) for e in g.edges} != {(e.src, e.dst) for e in h.edges}:
+    if {(e.src, e.dst, e.kind) for e in g.edges} != {(e.src, e.dst, e.kind) for e in h.edges}:
         raise ValueError(
             f"the instance's graph {g.name!r} has other edges than the captured model's"
         )
@@ -695,6 +704,8 @@ def execute(
                     rt.compute(op.node, d)
                 elif op.kind == "copy":
                     rt.copy(op.node, devices[op.src_device], d)
+                elif op.kind == "free_state":
+                    rt.free_state(op.node, d)
                 else:
                     rt.free(op.node, d)
         if rt.live_count():
@@ -932,51 +943,83 @@ def reference_step(
 
 
 # ---------------------------------------------------------------------- op workspaces
-def measure_workspace_bytes(captured: CapturedModel) -> list[int]:
-    """Per node: the memory it needs only while it runs, measured on the CPU allocator.
+def measure_workspace_bytes(captured: CapturedModel, device: str = "cpu") -> list[int]:
+    """Per node: the memory it needs only while it runs on ``device``, from its allocator.
 
-    Runs every node once in graph order (keep-all, threads as they are) under the profiler and
-    takes, per node, the allocator's peak during the node minus what was allocated before it
-    and minus the node's output bytes: temporaries inside an op (convolution scratch and
-    reordered weights, a backward op's parameter gradients before they are accumulated, the
-    sum of its gradient contributions). Leaves no trace: random state, buffers and gradient
-    buffers are restored."""
+    Runs the keep-everything schedule once on ``device`` (its thread count included: op
+    temporaries depend on it and on the CPU kind) under the profiler and takes, per node, the
+    allocator's peak during the node minus what was allocated before it and minus the value
+    and state the node leaves: temporaries inside an op (convolution scratch and reordered
+    weights, a backward op's parameter gradients before they are accumulated, the sum of its
+    gradient contributions). CUDA devices are measured with the caching allocator's peak
+    around each node instead. Leaves no trace: random state, buffers and gradient buffers are
+    restored."""
     g = captured.graph
     n = g.size
-    last_use = [max(s) if s else i for i, s in enumerate(g.successors)]
-    frees_after: dict[int, list[int]] = {}
-    for u, v in enumerate(last_use):
-        frees_after.setdefault(v, []).append(u)
+    costless = g.with_costs({device: {v.name: 0.0 for v in g.nodes}})
+    inst = Instance.single(costless, device, budget_bytes=None)
+    ops = simulate(inst, keep_all_schedule(inst)).ops
     buffers0 = [(b, b.detach().clone()) for b in captured.gm.buffers()]
     grads0 = {id(p): p.grad for p in captured.module.parameters()}
     rng0 = torch.get_rng_state()
-    rt = _Runtime(captured, ["cpu"])
+    threads0 = torch.get_num_threads()
+    rt = _Runtime(captured, [device])
     rt.zero_grads()
     try:
-        with torch.profiler.profile(
-            activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
-        ) as prof:
-            for v in range(n):
-                with torch.profiler.record_function(f"{LABEL_PREFIX}compute|cpu|{v}"):
-                    rt.compute(v, "cpu")
-                for u in frees_after.get(v, []):
-                    with torch.profiler.record_function(f"{LABEL_PREFIX}free|cpu|{u}"):
-                        rt.free(u, "cpu")
-        rt.reset()
-        try:
-            windows = _label_windows(prof)
-        except Exception as exc:  # pragma: no cover - depends on the torch build
-            log.warning("cannot read allocation events (%s); op workspaces not measured", exc)
-            windows = {}
+        if rt.specs[device].is_cuda:
+            windows = _cuda_windows(rt, ops, device)
+        else:
+            windows = _cpu_windows(rt, ops, device)
     finally:
+        rt.reset()
+        torch.set_num_threads(threads0)
         torch.set_rng_state(rng0)
         with torch.no_grad():
             for b, b0 in buffers0:
                 b.copy_(b0)
         for p in captured.module.parameters():
             p.grad = grads0.get(id(p))
-    m = g.output_bytes
-    return [max(0, int(windows.get(v, 0)) - int(m[v])) for v in range(n)]
+    left = g.output_bytes + g.state_bytes
+    return [max(0, int(windows.get(v, 0)) - int(left[v])) for v in range(n)]
+
+
+def _run_op(rt: _Runtime, op: Op, device: str) -> None:
+    if op.kind == "compute":
+        rt.compute(op.node, device)
+    elif op.kind == "free_state":
+        rt.free_state(op.node, device)
+    else:
+        rt.free(op.node, device)
+
+
+def _cpu_windows(rt: _Runtime, ops: list[Op], device: str) -> dict[int, int]:
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
+    ) as prof:
+        for op in ops:
+            with torch.profiler.record_function(f"{LABEL_PREFIX}{op.kind}|{device}|{op.node}"):
+                _run_op(rt, op, device)
+    try:
+        return _label_windows(prof)
+    except Exception as exc:  # pragma: no cover - depends on the torch build
+        log.warning("cannot read allocation events (%s); op workspaces not measured", exc)
+        return {}
+
+
+def _cuda_windows(rt: _Runtime, ops: list[Op], device: str) -> dict[int, int]:
+    dev = rt.specs[device].torch_device
+    out: dict[int, int] = {}
+    for op in ops:
+        if op.kind != "compute":
+            _run_op(rt, op, device)
+            continue
+        torch.cuda.synchronize(dev)
+        before = torch.cuda.memory_allocated(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        _run_op(rt, op, device)
+        torch.cuda.synchronize(dev)
+        out[op.node] = int(torch.cuda.max_memory_allocated(dev) - before)
+    return out
 
 
 def _label_windows(prof: torch.profiler.profile) -> dict[int, int]:

@@ -6,17 +6,19 @@ then, in ``mode="train"``, a loss node and one backward node per forward node in
 
 The forward ops are run once on the example batch, on the CPU, to measure what the graph needs:
 
-* each op's output bytes, and the tensors autograd *saves* for its backward (found with
+* each op's value bytes, and the tensors autograd *saves* for its backward (found with
   :func:`torch.autograd.graph.saved_tensors_hooks`): a saved tensor that shares storage with an
-  input ``u`` becomes an edge ``F_u -> B_v``; one that shares the op's output is covered by the
-  non-copyable edge ``F_v -> B_v``; one that shares a parameter or buffer is fixed memory;
-  anything else (max-pool indices, batch-norm's saved mean and inverse std, dropout masks) is
-  *extra* memory that the forward op leaves alive, counted in its ``output_bytes``;
+  input ``u`` becomes a value edge ``F_u -> B_v``, one that shares the op's output a value edge
+  ``F_v -> B_v``; one that shares a parameter or buffer is fixed memory; anything else
+  (max-pool indices, batch-norm's saved mean and inverse std, dropout masks) is the op's
+  autograd *state* (``state_bytes``), read by ``B_v`` over the state edge ``F_v -> B_v``. So a
+  value is kept for the backward pass only where autograd really keeps it: a batch-norm or
+  residual-add output is not;
 * whether the op draws random numbers (dropout: the CPU generator moves) or mutates module
   buffers (batch-norm running statistics), which the executor needs to make recomputation free
   of side effects;
 * whether its output shares storage with an input (``flatten``, ``view``): such outputs are
-  cloned so that every node owns its output and memory accounting is exact.
+  cloned so that every node owns its value and memory accounting is exact.
 
 In-place ops are disabled (``inplace=False`` on modules, ``inplace`` kwargs dropped on
 functions): the numbers are identical and no op overwrites a tensor a schedule still holds.
@@ -574,8 +576,10 @@ def _build_graph(
     nodes: list[Node] = []
     for s in specs:
         s.name = _unique_name(s.name, taken)
-        nodes.append(Node(s.name, "fwd", s.output_bytes + s.extra_bytes))
+        state = s.extra_bytes if mode == "train" else 0
+        nodes.append(Node(s.name, "fwd", s.output_bytes, state_bytes=state))
     edges: dict[tuple[int, int], bool] = {}
+    state_edges: list[tuple[int, int]] = []
     for s in specs:
         for u in s.inputs:
             edges[(u, s.index)] = True
@@ -621,11 +625,16 @@ def _build_graph(
                 edges[(loss, bwd(v))] = True
             for w in consumers[v]:
                 edges[(bwd(w), bwd(v))] = True
-            edges[(v, bwd(v))] = False  # autograd state: stays where F_v ran
+            state_edges.append((v, bwd(v)))  # the grad_fn: stays where F_v ran
+            if s.saves_output:
+                edges[(v, bwd(v))] = True
             for u in s.saved_inputs:
                 edges.setdefault((u, bwd(v)), True)
     structure = json.dumps(
-        [[n.name, n.kind] for n in nodes] + sorted([list(k) for k in edges]), sort_keys=True
+        [[n.name, n.kind, n.state_bytes] for n in nodes]
+        + sorted([list(k) for k in edges])
+        + sorted([[*k, "state"] for k in state_edges]),
+        sort_keys=True,
     )
     meta = {
         "net": name,
@@ -643,7 +652,8 @@ def _build_graph(
     return Graph(
         name=name,
         nodes=tuple(nodes),
-        edges=tuple(Edge(u, v, c) for (u, v), c in sorted(edges.items())),
+        edges=tuple(Edge(u, v, c) for (u, v), c in sorted(edges.items()))
+        + tuple(Edge(u, v, False, "state") for u, v in sorted(state_edges)),
         fixed_bytes=int(fixed),
         meta=meta,
     )
