@@ -43,8 +43,8 @@ def min_feasible_budget_bytes(graph: Graph) -> tuple[int, int]:
     inputs (the gradients are kept), or keep-everything if that is smaller. When the two
     numbers are equal, that is the smallest feasible budget.
     """
-    lower = int(graph.node_lower_bound_bytes().max())
     inst = Instance.single(graph, device_name(graph, 0), budget_bytes=None)
+    lower = int(graph.node_lower_bound_bytes(inst.devices[0]).max())
     peaks = [
         int(
             simulate(inst, schedule_from_checkpoints(graph, keep, inst.devices[0])).peak_bytes.max()
@@ -89,7 +89,7 @@ def solve_checkmate(
     g = inst.graph
     budget = int(inst.budget_bytes[0])
     extra: dict = {}
-    if budget < int(g.node_lower_bound_bytes().max()):
+    if budget < int(g.node_lower_bound_bytes(inst.devices[0]).max()):
         # some op's inputs and output alone exceed the budget: no model needs building
         return StrategyResult(
             strategy="checkmate",
@@ -228,7 +228,7 @@ def solve_checkmate(
         raw_peak_bytes=int(raw_sim.peak_bytes.max()),
     )
 
-    final = solve_r_opt(g, raw.S, inst.devices[0], drop_unused=True)
+    final = solve_r_opt(g, raw.S, inst.devices[0], drop_unused=True, S_state=raw.S_state)
     sim = simulate(inst, final, check_budget=False)
     assert sim.time_s <= raw_sim.time_s * (1 + TIME_RTOL) + 1e-12, (sim.time_s, raw_sim.time_s)
     assert int(sim.peak_bytes.max()) <= int(raw_sim.peak_bytes.max()), (

@@ -53,25 +53,48 @@ def _as_stage_matrix(graph: Graph, S: np.ndarray) -> np.ndarray:
     return S
 
 
-def _stage_r(preds: tuple[tuple[int, ...], ...], t: int, s_now: np.ndarray, s_next: np.ndarray):
+def _stage_r(
+    preds: tuple[tuple[int, ...], ...],
+    t: int,
+    s_now: np.ndarray,
+    s_next: np.ndarray,
+    states: tuple[list[int], np.ndarray, np.ndarray] | None = None,
+):
     """The nodes stage ``t`` must compute: its frontier node, every node that becomes a
     checkpoint for stage ``t + 1`` without being one now, and, transitively, every input of a
     computed node that is not resident (Checkmate walks the stage from ``t`` down; a stack
-    gives the same closure in time proportional to what is computed)."""
+    gives the same closure in time proportional to what is computed).
+
+    With ``states = (state_source, a_now, a_next)`` (a given state residency) the same holds
+    for autograd states: a forward op whose state is kept for ``t + 1`` but not resident now,
+    or whose state a computed backward op needs and does not find, is computed too."""
     r = np.zeros(s_now.shape[0], dtype=bool)
     resident = s_now.tolist()
     stack = [t, *np.flatnonzero(s_next[: t + 1] & ~s_now[: t + 1]).tolist()]
+    if states is not None:
+        src, a_now, a_next = states
+        stack += np.flatnonzero(a_next[: t + 1] & ~a_now[: t + 1]).tolist()
     r[stack] = True
     while stack:
-        for u in preds[stack.pop()]:
-            if not resident[u] and not r[u]:
+        v = stack.pop()
+        # a backward op whose state is not resident needs its forward op computed, even where
+        # that op's value is resident: only a computation makes a state
+        w = src[v] if states is not None else -1
+        if w >= 0 and (a_now[w] or r[w]):
+            w = -1
+        for u in (*preds[v], w) if w >= 0 else preds[v]:
+            if (u == w or not resident[u]) and not r[u]:
                 r[u] = True
                 stack.append(u)
     return r
 
 
 def solve_r_opt(
-    graph: Graph, S: np.ndarray, device: int | str = 0, drop_unused: bool = False
+    graph: Graph,
+    S: np.ndarray,
+    device: int | str = 0,
+    drop_unused: bool = False,
+    S_state: np.ndarray | None = None,
 ) -> Schedule:
     """The cheapest ``R`` consistent with the checkpoint matrix ``S`` (one device).
 
@@ -86,6 +109,11 @@ def solve_r_opt(
     then linger unread, so without this step a smaller ``R`` could have a larger peak. With
     it the result is never worse, in time or in peak memory, than any valid schedule using
     this ``S``. The returned schedule's ``S`` is the reduced one.
+
+    ``S_state`` (a solver's state residency, (T, n) or (1, T, n)) is honoured the same way:
+    a state that is not resident where a backward op needs it is made by computing its
+    forward op in that stage. Without it the state residency is left to the simulator's
+    minimal rule (:func:`xengine.schedule.minimal_state_residency`).
     """
     name = device_name(graph, device)
     S = _as_stage_matrix(graph, S).copy()
@@ -93,16 +121,25 @@ def solve_r_opt(
     preds = graph.predecessors
     R = np.zeros((n, n), dtype=bool)
     empty = np.zeros(n, dtype=bool)
+    A = None if S_state is None else _as_stage_matrix(graph, S_state).copy()
+    src = graph.state_source.tolist()
     for t in range(n - 1, -1, -1):
         s_next = S[t + 1] if t + 1 < n else empty
-        R[t] = _stage_r(preds, t, S[t], s_next)
+        states = None if A is None else (src, A[t], A[t + 1] if t + 1 < n else empty)
+        R[t] = _stage_r(preds, t, S[t], s_next, states)
         if drop_unused:
             read = np.zeros(n, dtype=bool)
             for v in np.flatnonzero(R[t]):
                 read[list(preds[v])] = True
             # removing an unread resident leaves R[t] unchanged; R[t-1] sees the reduced row
             S[t] &= read | s_next
-    return Schedule((name,), R[None], S[None])
+            if A is not None:
+                wanted = np.zeros(n, dtype=bool)
+                for v in np.flatnonzero(R[t]):
+                    if src[v] >= 0:
+                        wanted[src[v]] = True
+                A[t] &= wanted | states[2]
+    return Schedule((name,), R[None], S[None], None if A is None else A[None])
 
 
 def _forward_like(graph: Graph) -> np.ndarray:

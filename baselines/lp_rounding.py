@@ -127,7 +127,7 @@ def solve_lp_rounding(
     rng = np.random.default_rng(seed)
 
     extra: dict = {"lp": []}
-    lower = int(g.node_lower_bound_bytes().max())
+    lower = int(g.node_lower_bound_bytes(dev).max())
     if budget < lower:
         # the relaxation may still be feasible (fractional frees), but no schedule is
         return StrategyResult(

@@ -135,7 +135,8 @@ def placement_bound_s(inst: Instance, options: SolverOptions | None = None) -> f
     g = inst.graph
     D, n = inst.n_devices, inst.size
     C = inst.compute_s
-    can_run = g.node_lower_bound_bytes()[None, :] <= np.asarray(inst.budgets)[:, None]
+    footprint = np.stack([g.node_lower_bound_bytes(dv) for dv in inst.devices])
+    can_run = footprint <= np.asarray(inst.budgets)[:, None]
     if not can_run.any(axis=0).all():
         return None
     if D == 1:

@@ -15,10 +15,17 @@ fine one within budget). A member is *external* when some fine successor lies ou
 group (or it has none: a sink's output lives to the end of its stage, like a coarse output);
 only external members can be read after the group has run, so
 
-* ``output_bytes`` = the sum of the external members' outputs (kept or dropped as a whole);
+* ``output_bytes`` = the sum of the external members' outputs (kept or dropped as a whole),
+  plus the members' autograd states;
 * ``output_bytes + workspace_bytes`` = the largest memory the members need while the group
   runs: at member ``k``, every external member computed so far, every internal member computed
-  so far that a member ``>= k`` still reads, ``k``'s own output and ``k``'s workspace.
+  so far that a member ``>= k`` still reads, the states made so far, ``k``'s own output and
+  ``k``'s workspace.
+
+A member's autograd state (DESIGN.md section 3) becomes part of its group's value, read over a
+non-copyable edge by the group that holds the member's backward op: the coarse graph has no
+states of its own (version-1 semantics), the coarse value outlives each fine state it stands
+for, and expansion recomputes a member whose backward op needs its state.
 
 Expansion keeps a fine tensor only where the coarse schedule keeps its group *and* a later node
 reads it, and recomputes only the members of a recomputed group that something reads. Without
@@ -127,6 +134,7 @@ class Coarsening:
         R = np.zeros((D, n, n), dtype=bool)
         S = np.zeros((D, n, n), dtype=bool)
         succs, preds = self.fine.successors, self.fine.predecessors
+        sreader = self.fine.state_reader
         ext = self.external
         no_keep = np.zeros((D, n), dtype=bool)
         for k in range(N - 1, -1, -1):
@@ -144,7 +152,9 @@ class Coarsening:
                 if not devs.any():
                     continue
                 for x in reversed(self.groups[g]):
-                    read = any(computed[v] for v in succs[x])
+                    read = any(computed[v] for v in succs[x]) or (
+                        sreader[x] >= 0 and computed[sreader[x]]
+                    )
                     on = devs & (read | keep_next[:, x])
                     R[on, a, x] = True
                     computed[x] = on.any()
@@ -173,9 +183,12 @@ def _external(graph: Graph, group_of: np.ndarray) -> np.ndarray:
     """(n,) members read outside their group, or by no node at all (a sink's output lives to
     the end of its stage, as a coarse output does; counting it keeps a one-node group equal
     to its fine node)."""
+    sreader = graph.state_reader
     return np.array(
         [
-            not succ or any(group_of[s] != group_of[i] for s in succ)
+            not succ
+            or any(group_of[s] != group_of[i] for s in succ)
+            or (sreader[i] >= 0 and group_of[sreader[i]] != group_of[i])
             for i, succ in enumerate(graph.successors)
         ],
         dtype=bool,
@@ -194,7 +207,7 @@ def coarsen(graph: Graph, max_group: int = 3) -> Coarsening:
     group_of = np.empty(n, dtype=np.int64)
     for c, members in enumerate(groups):
         group_of[list(members)] = c
-    m, w = graph.output_bytes, graph.workspace_bytes
+    m, w, st = graph.output_bytes, graph.workspace_bytes, graph.state_bytes
     succs = graph.successors
     ext = _external(graph, group_of)
 
@@ -203,14 +216,21 @@ def coarsen(graph: Graph, max_group: int = 3) -> Coarsening:
         fine_nodes = [graph.nodes[i] for i in members]
         first = fine_nodes[0]
         out_bytes = int(sum(int(m[i]) for i in members if ext[i]))
-        peak_bytes = 0
-        for k in members:
-            live = sum(
-                int(m[j])
+        out_bytes += int(sum(int(st[i]) for i in members))
+        live = {
+            k: sum(
+                int(m[j]) + int(st[j])
                 for j in members
                 if j <= k and (j == k or ext[j] or max(succs[j], default=-1) >= k)
             )
-            peak_bytes = max(peak_bytes, live + int(w[k]))
+            for k in members
+        }
+        peak_bytes = max(live[k] + int(w[k]) for k in members)
+        ws_devices = sorted({d for v in fine_nodes for d in v.device_workspace_bytes})
+        dev_ws = {
+            d: max(0, max(live[k] + graph.nodes[k].workspace_on(d) for k in members) - out_bytes)
+            for d in ws_devices
+        }
         devices = set(first.cost_s)
         for v in fine_nodes[1:]:
             devices &= set(v.cost_s)
@@ -225,10 +245,11 @@ def coarsen(graph: Graph, max_group: int = 3) -> Coarsening:
                 {d: float(sum(v.cost_s[d] for v in fine_nodes)) for d in sorted(devices)},
                 workspace_bytes=max(0, peak_bytes - out_bytes),
                 fwd_index=fwd_index,
+                device_workspace_bytes=dev_ws,
             )
         )
     copyable: dict[tuple[int, int], bool] = {}
-    for e in graph.edges:
+    for e in graph.edges:  # a state edge becomes a non-copyable read of the group's value
         key = (int(group_of[e.src]), int(group_of[e.dst]))
         if key[0] != key[1]:
             copyable[key] = copyable.get(key, True) and e.copyable

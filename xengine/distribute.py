@@ -10,7 +10,7 @@ one-device start at all. This module builds a start that uses every device, chea
   before, on device ``placement[i]``; the simulator inserts the copies an input on another
   device needs (DESIGN.md section 5), so every placement of a valid schedule is valid;
 * a forward node and its backward node are placed together (the backward reads the forward's
-  autograd state, which cannot be copied: ``Edge.copyable=False``);
+  autograd state, which cannot be copied: a state edge);
 * the search tries every cut of the forward order into a prefix on one device and a suffix on
   another (early layers hold the largest activations, so a cut moves memory where it is
   free), then moves single (forward, backward) pairs while that lowers the simulated time or
@@ -53,7 +53,11 @@ def place(single: Schedule, devices: tuple[str, ...], placement: Sequence[int]) 
     cols = np.arange(n)
     R[placement, :, cols] = single.R[0].T
     S[placement, :, cols] = single.S[0].T
-    return Schedule(devices, R, S)
+    A = None
+    if single.S_state is not None:  # a state stays with its forward op's device
+        A = np.zeros((len(devices), T, n), dtype=bool)
+        A[placement, :, cols] = single.S_state[0].T
+    return Schedule(devices, R, S, A)
 
 
 def units(inst: Instance) -> np.ndarray:

@@ -20,21 +20,36 @@ events: it is computed at ``start`` (an event ``e(t, v)``, ``t >= v``) and its o
 ``m_v`` bytes of ``d`` until ``end``. Exactly one computation of ``v`` is at ``e(v, v)`` (the
 frontier); computations on one device are ordered and disjoint.
 
-Reads. For every edge ``u -> w`` and every computation of ``w`` at event ``s`` on ``d``, exactly
-one computation of ``u`` *covers* it: it started before ``s`` and ends at ``s`` or later. A
-cover on another device is a copy (copyable edges only): its time is charged and ``m_u`` bytes
+Reads. For every value edge ``u -> w`` and every computation of ``w`` at event ``s`` on ``d``,
+exactly one computation of ``u`` *covers* it: it started before ``s`` and ends at ``s`` or later.
+A cover on another device is a copy (copyable edges only): its time is charged and ``m_u`` bytes
 sit on ``d`` during step ``s``. A copy is allowed only when no computation of ``u`` on ``d``
 covers ``s`` (the simulator copies only then), so the objective is the simulator's time at
 every feasible point, not only at the optimum.
 
-Memory. One cumulative constraint per device: outputs over their intervals, workspace and
-transient copies during their step, capacity = the device's budget.
+States (DESIGN.md section 3). A forward node ``v`` with a state link ``v -> B_v`` gives each of
+its computations a second interval, the *state interval* ``[start, se]`` on the same device
+(``state_bytes[v]`` bytes; none for a zero-byte state, which still ties ``B_v`` to a device).
+Every computation of ``B_v`` on ``d`` is covered by the state of a computation of ``v`` on
+``d`` itself (a state is never copied), and a state interval ends before the stage of the
+next computation of ``v`` on its device (a state is not kept into a stage that makes it anew).
+
+Unread tensors. The simulator drops what nobody reads at the end of its stage (event
+``e(t, t)``), a state already after ``B_v``'s step when ``B_v`` runs on another device in that
+stage. An unread interval lasts that long; for nodes without a state an unread computation
+other than the first is never useful and is not allowed (the first, at ``e(v, v)``, is the
+last step of its stage).
+
+Memory. One cumulative constraint per device: values and states over their intervals,
+workspace (measured on the device) and transient copies during their step, capacity = the
+device's budget.
 
 From intervals to a schedule. ``R`` comes from the starts. Residency ``S`` is derived from the
 *last read* ``L`` of each computation (not from ``end``, which may be longer): the output is
-kept into stage ``t`` when ``start < e(t, 0) <= L``. The simulator then frees the output after
-its last reader, so its memory is never above the model's; with ``end = L`` they are equal
-(tested via :func:`interval_peaks`).
+kept into stage ``t`` when ``start < e(t, 0) <= L``; ``S_state`` likewise from each state's
+last read by ``B_v``. The simulator then frees both after their last reader, so its memory is
+never above the model's; with every interval ending there they are equal (tested via
+:func:`interval_peaks`).
 
 Two restrictions make the simulator's rules expressible; both are reported with every result:
 
@@ -83,7 +98,8 @@ def event(t: int, v: int, n: int) -> int:
 
 @dataclass
 class _Iv:
-    """One optional computation of node ``v`` on device ``d`` and the interval of its output."""
+    """One optional computation of node ``v`` on device ``d``, the interval of its output and,
+    for a node with a state link, the end ``se`` of its state's interval."""
 
     v: int
     d: int
@@ -92,41 +108,52 @@ class _Iv:
     start: object
     end: object
     first: object | None = None  # k == 0: this is v's first computation (stage v)
-    stage: object | None = None  # stage of start (two or more devices)
-    end_stage: object | None = None
-    uses: list = field(default_factory=list)  # cover literals reading this computation
+    stage: object | None = None  # stage of start
+    end_stage: object | None = None  # stage of end (two or more devices)
+    se: object | None = None  # last event of the state (nodes with a state link)
+    uses: list = field(default_factory=list)  # cover literals reading this computation's value
+    state_uses: list = field(default_factory=list)  # cover literals reading its state
 
 
 @dataclass
 class _Cover:
-    """Computation ``src`` covers the read of edge ``u -> w`` by computation ``dst``."""
+    """Computation ``src`` covers the read of edge ``u -> w`` by computation ``dst`` (of the
+    value, or with ``state`` of the autograd state, which is always local)."""
 
     lit: object
     src: _Iv
     dst: _Iv
     remote: bool
+    state: bool = False
 
 
 @dataclass
 class IntervalSolution:
     """What the solver chose, in plain numbers: per computation its device, node, start event
-    and last read event (``L``), and per read the covering computation."""
+    and the last event its value is alive (``L``: its last read, else the end of its stage),
+    per copy its devices, node and event, and per computation of a node with a state link the
+    last event its state is alive (its last read by ``B_v``, else where the simulator drops
+    it)."""
 
     computations: list[tuple[int, int, int, int]]  # (d, v, start_event, last_read_event)
     copies: list[tuple[int, int, int, int]]  # (src_device, dst_device, u, event)
+    states: list[tuple[int, int, int, int]] = field(default_factory=list)  # (d, v, start, end)
 
 
 def schedule_from(inst: Instance, sol: IntervalSolution) -> Schedule:
-    """R from the starts; S from start to the last read (module docstring)."""
+    """R from the starts; S and S_state from start to the last read (module docstring)."""
     n, D = inst.size, inst.n_devices
     R = np.zeros((D, n, n), dtype=bool)
     S = np.zeros((D, n, n), dtype=bool)
     for d, v, s, last in sol.computations:
-        t0, t1 = s // n, last // n
-        R[d, t0, v] = True
-        if t1 > t0:
-            S[d, t0 + 1 : t1 + 1, v] = True
-    return Schedule(inst.devices, R, S)
+        R[d, s // n, v] = True
+        S[d, s // n + 1 : last // n + 1, v] = True
+    A = None
+    if inst.graph.has_states:
+        A = np.zeros((D, n, n), dtype=bool)
+        for d, v, s, last in sol.states:
+            A[d, s // n + 1 : last // n + 1, v] = True
+    return Schedule(inst.devices, R, S, A)
 
 
 def interval_peaks(inst: Instance, sol: IntervalSolution) -> np.ndarray:
@@ -138,41 +165,87 @@ def interval_peaks(inst: Instance, sol: IntervalSolution) -> np.ndarray:
     g = inst.graph
     n, D = inst.size, inst.n_devices
     H = n * n
-    m, w = g.output_bytes, g.workspace_bytes
+    m, sb, w = g.output_bytes, g.state_bytes, inst.workspace_bytes
     diff = np.zeros((D, H + 1), dtype=np.int64)
     point = np.zeros((D, H), dtype=np.int64)
     for d, v, s, last in sol.computations:
         diff[d, s] += m[v]
         diff[d, last + 1] -= m[v]
-        point[d, s] += w[v]
+        point[d, s] += w[d, v]
+    for d, v, s, last in sol.states:
+        diff[d, s] += sb[v]
+        diff[d, last + 1] -= sb[v]
     for _src, dst, u, s in sol.copies:
         point[dst, s] += m[u]
     mem = np.cumsum(diff[:, :H], axis=1) + point
     return mem.max(axis=1) if H else np.zeros(D, dtype=np.int64)
 
 
-def _replay(inst: Instance, sched: Schedule):
-    """A valid schedule as computations: per (d, v) the list of [stage, last read event], and
-    per read (t, w, d, u) the (device, index) of the computation it reads."""
+@dataclass
+class _Replay:
+    """A valid schedule as the model's computations.
+
+    ``comps[(d, v)]``: per computation ``[start, last value read, state end]`` (events, -1
+    where there is none); ``reads[(t, w, d, u)]``: the (device, index) of the computation of
+    ``u`` that the computation of ``w`` reads; ``state_reads[(d, b, s)]``: the index of the
+    computation of ``F_v`` on ``d`` whose state ``B_v = b`` reads at event ``s``."""
+
+    comps: dict[tuple[int, int], list[list[int]]]
+    reads: dict[tuple[int, int, int, int], tuple[int, int]]
+    state_reads: dict[tuple[int, int, int], int]
+    copies: list[tuple[int, int, int, int]]
+
+    def solution(self, n: int) -> IntervalSolution:
+        """The computations as an :class:`IntervalSolution` (an unread value lasts until the
+        end of its stage, as in the simulator)."""
+        comps, states = [], []
+        for (d, v), lst in self.comps.items():
+            for s, last, st_end in lst:
+                comps.append((d, v, s, last if last >= 0 else (s // n) * (n + 1)))
+                if st_end >= 0:
+                    states.append((d, v, s, st_end))
+        return IntervalSolution(comps, list(self.copies), states)
+
+
+def _replay(inst: Instance, sched: Schedule) -> _Replay:
+    """Replay a valid schedule in the simulator and read the computations off its operations.
+
+    Values end at their last read. States end where the simulator frees them, after the step
+    of ``B_v`` or at the end of the stage, so that the state residency is the schedule's own
+    (``sched.states_for``, which the simulator replays)."""
     sim = simulate(inst, sched, check_budget=False)
-    comps: dict[tuple[int, int], list[list[int]]] = {}
-    reads: dict[tuple[int, int, int, int], tuple[int, int]] = {}
+    n = inst.size
+    state_src = inst.graph.state_source.tolist()
+    rep = _Replay({}, {}, {}, [])
     pending: dict[int, int] = {}  # u -> source device of a copy for the next compute
+    now = -1  # the event of the last step replayed
     for op in sim.ops:
         if op.kind == "copy":
             pending[op.node] = op.src_device
         elif op.kind == "compute":
             t, w, d = op.stage, op.node, op.device
-            s = event(t, w, inst.size)
+            now = event(t, w, n)
             for e in inst.graph.in_edges[w]:
                 u = e.src
                 src = pending.get(u, d)
-                j = len(comps[(src, u)]) - 1
-                comps[(src, u)][j][1] = max(comps[(src, u)][j][1], s)
-                reads[(t, w, d, u)] = (src, j)
+                j = len(rep.comps[(src, u)]) - 1
+                rep.comps[(src, u)][j][1] = max(rep.comps[(src, u)][j][1], now)
+                rep.reads[(t, w, d, u)] = (src, j)
+                if src != d:
+                    rep.copies.append((src, d, u, now))
+            if state_src[w] >= 0:
+                rep.state_reads[(d, w, now)] = len(rep.comps[(d, state_src[w])]) - 1
             pending = {}
-            comps.setdefault((d, w), []).append([t, s])
-    return comps, reads
+            rep.comps.setdefault((d, w), []).append([now, -1, -1])
+        elif op.kind == "free_state":
+            rep.comps[(op.device, op.node)][-1][2] = now
+    return rep
+
+
+def solution_of(inst: Instance, sched: Schedule) -> IntervalSolution:
+    """A valid schedule as the interval model's solution (the inverse of
+    :func:`schedule_from` for a schedule that keeps values no longer than their last read)."""
+    return _replay(inst, sched).solution(inst.size)
 
 
 def solve_intervals(
@@ -223,12 +296,13 @@ def solve_intervals(
     t_build = time.perf_counter()
     g = inst.graph
     n, D = inst.size, inst.n_devices
-    m = g.output_bytes
-    w = g.workspace_bytes
+    m, sb = g.output_bytes, g.state_bytes
+    w = inst.workspace_bytes
     cost = inst.compute_s
     copy = inst.copy_s
     budgets = inst.budgets
     succ = g.successors
+    has_state = g.state_reader >= 0
 
     restriction = f"at most {max_computes} computations per node and device"
     if D > 1:
@@ -241,48 +315,28 @@ def solve_intervals(
         solver="cpsat",
         extra={"mode": "intervals", "restriction": restriction, "max_computes": max_computes},
     )
-    footprint = g.node_lower_bound_bytes()
-    can_run = footprint[None, :] <= budgets[:, None]  # (D, n)
+    footprint = np.stack([g.node_lower_bound_bytes(dv) for dv in inst.devices])  # (D, n)
+    can_run = footprint <= budgets[:, None]  # (D, n)
     blocked = np.flatnonzero(~can_run.any(axis=0))
     if blocked.size:
-        v = int(blocked[np.argmax(footprint[blocked])])
+        least = footprint.min(axis=0)
+        v = int(blocked[np.argmax(least[blocked])])
         res.status = "infeasible"
         res.message = (
-            f"infeasible: node {g.nodes[v].name} needs {int(footprint[v])} bytes (inputs + "
-            "output + workspace) on one device, more than any device's budget; every budget "
-            f"must be at least {int(footprint[v])} bytes"
+            f"infeasible: node {g.nodes[v].name} needs {int(least[v])} bytes (inputs + "
+            "output + state + workspace) on one device, more than any device's budget; every "
+            f"budget must be at least {int(least[v])} bytes"
         )
-        res.extra["min_budget_lower_bound_bytes"] = int(footprint[v])
+        res.extra["min_budget_lower_bound_bytes"] = int(least[v])
         return res
 
-    # how many computations each (device, node) may have
-    n_comp = np.full((D, n), max_computes, dtype=np.int64)
     hint = None
     if warm_start is not None:
         try:
             hint = _replay(inst, warm_start)
         except ScheduleError as exc:
             log.warning("warm start is not a valid schedule (%s); not used", exc)
-        else:
-            for (d, v), lst in hint[0].items():
-                n_comp[d, v] = max(n_comp[d, v], len(lst))
-    n_comp = np.minimum(n_comp, (n - np.arange(n))[None, :])  # one per stage t >= v
-    for v in range(n):
-        if not succ[v]:
-            n_comp[:, v] = np.minimum(n_comp[:, v], 1)  # never read: computed once, at stage v
-    n_comp[~can_run] = 0
-    if placement is not None:
-        placement = np.asarray(placement, dtype=np.int64)
-        if placement.shape != (n,) or placement.min() < -1 or placement.max() >= D:
-            raise ValueError(
-                f"placement needs one device index in 0..{D - 1} (or -1: free) for each of "
-                f"{n} nodes"
-            )
-        other = (np.arange(D)[:, None] != placement[None, :]) & (placement[None, :] >= 0)
-        n_comp[other] = 0
-        if not (n_comp > 0).any(axis=0).all():
-            v = int(np.flatnonzero(~(n_comp > 0).any(axis=0))[0])
-            raise ValueError(f"placement puts node {v} on a device whose budget cannot run it")
+    n_comp = _allowance(inst, max_computes, can_run, hint, placement)
 
     H = n * n
     mdl = cp_model.CpModel()
@@ -307,11 +361,11 @@ def solve_intervals(
                 size = mdl.new_int_var(1, H, f"z{name}")
                 itv = mdl.new_optional_interval_var(start, size, end + 1, pres, f"i{name}")
                 demands[d].append((itv, int(m[v])))
-                if w[v] > 0:
+                if w[d, v] > 0:
                     demands[d].append(
                         (
                             mdl.new_optional_fixed_size_interval_var(start, 1, pres, f"w{name}"),
-                            int(w[v]),
+                            int(w[d, v]),
                         )
                     )
                 iv = _Iv(v, d, k, pres, start, end, stage=stage)
@@ -320,7 +374,7 @@ def solve_intervals(
                 mdl.add(stage == rest).only_enforce_if(pres.Not())
                 mdl.add(end == start).only_enforce_if(pres.Not())
                 if not succ[v]:
-                    mdl.add(end == start)
+                    mdl.add(end <= stage * (n + 1))  # never read: gone at the end of its stage
                 if k == 0:
                     iv.first = mdl.new_bool_var(f"f{name}")
                     mdl.add_implication(iv.first, pres)
@@ -334,6 +388,8 @@ def solve_intervals(
                     prev = lst[-1]
                     mdl.add_implication(pres, prev.pres)
                     mdl.add(start >= prev.end + 1).only_enforce_if(pres)
+                if has_state[v]:
+                    _add_state(mdl, iv, lst[-1] if k else None, n, lo_stage, int(sb[v]), demands[d])
                 obj_terms.append((pres, int(cost_ns[d, v])))
                 lst.append(iv)
             ivs[(d, v)] = lst
@@ -363,7 +419,7 @@ def solve_intervals(
 
     # reads: exactly one computation of u covers each computation of w
     covers: list[_Cover] = []
-    for e in g.edges:
+    for e in g.value_edges:
         u, wv = e.src, e.dst
         for d in range(D):
             for dst in ivs[(d, wv)]:
@@ -404,15 +460,8 @@ def solve_intervals(
                         mdl.add_bool_or([c.Not(), src.pres.Not(), a1, a2])
                         mdl.add(src.start >= dst.start + 1).only_enforce_if(a1)
                         mdl.add(src.end <= dst.start - 1).only_enforce_if(a2)
-
-    # every computation but a node's first is read at least once (an unread output would stay
-    # until the end of its stage in the simulator, longer than its interval says)
-    for lst in ivs.values():
-        for iv in lst:
-            if not succ[iv.v]:
-                continue
-            escape = [iv.pres.Not()] + ([iv.first] if iv.first is not None else [])
-            mdl.add_bool_or(iv.uses + escape)
+    covers += _state_covers(mdl, g, ivs, D)
+    _unread(mdl, g, ivs, n, D)
 
     for d in range(D):
         if demands[d]:
@@ -498,8 +547,10 @@ def solve_intervals(
     res.extra["time_to_first_s"] = first_s
     res.extra["n_branches"] = int(solver.num_branches)
     # the model is the whole problem only with one device and a computation per later stage
-    # (a node nobody reads needs one computation; any other one per stage from its own on)
-    most_useful = np.where([bool(x) for x in succ], n - np.arange(n), 1)
+    # (a node nobody reads, value or state, needs one computation; any other one per stage
+    # from its own on)
+    read = np.array([bool(x) for x in succ]) | has_state
+    most_useful = np.where(read, n - np.arange(n), 1)
     exact = D == 1 and bool((n_comp[0] >= most_useful).all())
     res.extra["restricted"] = not exact
     if name not in ("OPTIMAL", "FEASIBLE"):
@@ -521,27 +572,7 @@ def solve_intervals(
         log.info("%s: %s after %.1f s", strategy, res.status, res.solve_time_s)
         return res
 
-    computations = []
-    copies = []
-    objective = 0.0
-    for (d, v), lst in ivs.items():
-        for iv in lst:
-            if not solver.boolean_value(iv.pres):
-                continue
-            s = int(solver.value(iv.start))
-            computations.append([d, v, s, s])  # last read: raised below from the covers
-            objective += float(cost[d, v])
-    index = {(c[0], c[1], c[2]): c for c in computations}
-    for cov in covers:
-        if not solver.boolean_value(cov.lit):
-            continue
-        s_read = int(solver.value(cov.dst.start))
-        src = index[(cov.src.d, cov.src.v, int(solver.value(cov.src.start)))]
-        src[3] = max(src[3], s_read)
-        if cov.remote:
-            copies.append((cov.src.d, cov.dst.d, cov.src.v, s_read))
-            objective += float(copy[cov.src.d, cov.dst.d, cov.src.v])
-    sol = IntervalSolution([tuple(c) for c in computations], copies)
+    sol, objective = _solution(solver, inst, ivs, covers)
     res.objective_s = objective
     # CP-SAT's own bound holds for the restricted model only; reported bounds hold for the
     # whole problem: the LP and placement bounds, and CP-SAT's when the model is unrestricted
@@ -570,14 +601,169 @@ def solve_intervals(
     return res
 
 
-def _add_hint(mdl, inst: Instance, ivs, covers: list[_Cover], hint) -> None:
+def _allowance(
+    inst: Instance,
+    max_computes: int,
+    can_run: np.ndarray,
+    hint: _Replay | None,
+    placement: np.ndarray | None,
+) -> np.ndarray:
+    """How many computations each (device, node) may have: ``max_computes``, more where the
+    warm start has more, at most one per stage from the node's own, one for a node nobody
+    reads (neither its value nor its state), none where the budget or the placement forbids."""
+    g = inst.graph
+    n, D = inst.size, inst.n_devices
+    n_comp = np.full((D, n), max_computes, dtype=np.int64)
+    if hint is not None:
+        for (d, v), lst in hint.comps.items():
+            n_comp[d, v] = max(n_comp[d, v], len(lst))
+    n_comp = np.minimum(n_comp, (n - np.arange(n))[None, :])  # one per stage t >= v
+    unread = np.array([not s for s in g.successors]) & (g.state_reader < 0)
+    n_comp[:, unread] = np.minimum(n_comp[:, unread], 1)  # computed once, at stage v
+    n_comp[~can_run] = 0
+    if placement is not None:
+        placement = np.asarray(placement, dtype=np.int64)
+        if placement.shape != (n,) or placement.min() < -1 or placement.max() >= D:
+            raise ValueError(
+                f"placement needs one device index in 0..{D - 1} (or -1: free) for each of "
+                f"{n} nodes"
+            )
+        other = (np.arange(D)[:, None] != placement[None, :]) & (placement[None, :] >= 0)
+        n_comp[other] = 0
+        if not (n_comp > 0).any(axis=0).all():
+            v = int(np.flatnonzero(~(n_comp > 0).any(axis=0))[0])
+            raise ValueError(f"placement puts node {v} on a device whose budget cannot run it")
+    return n_comp
+
+
+def _add_state(mdl, iv: _Iv, prev: _Iv | None, n: int, lo_stage: int, nbytes: int, demand):
+    """The state interval ``[start, se]`` of a computation (``nbytes`` on its device). The
+    previous computation's state on the device ends before this one's stage: the simulator
+    rejects a state kept into a stage that makes it anew."""
+    name = f"{iv.v}_{iv.d}_{iv.k}"
+    iv.se = mdl.new_int_var(lo_stage * n + iv.v, n * n - 1, f"a{name}")
+    mdl.add(iv.se >= iv.start)
+    mdl.add(iv.se == iv.start).only_enforce_if(iv.pres.Not())
+    if nbytes:
+        size = mdl.new_int_var(1, n * n, f"za{name}")
+        itv = mdl.new_optional_interval_var(iv.start, size, iv.se + 1, iv.pres, f"ia{name}")
+        demand.append((itv, nbytes))
+    if prev is not None:
+        mdl.add(prev.se <= iv.stage * n - 1).only_enforce_if(iv.pres)
+
+
+def _state_covers(mdl, g, ivs, D: int) -> list[_Cover]:
+    """Each computation of ``B_v`` on ``d`` reads the state of exactly one computation of
+    ``F_v`` on ``d`` itself (never copied) that started before it and whose state lasts until
+    it."""
+    covers: list[_Cover] = []
+    for e in g.state_edges:
+        v, b = e.src, e.dst
+        for d in range(D):
+            for dst in ivs[(d, b)]:
+                lits = []
+                for src in ivs[(d, v)]:
+                    lit = mdl.new_bool_var(f"c{v}_{d}_{src.k}>>{b}_{dst.k}")
+                    mdl.add_implication(lit, src.pres)
+                    mdl.add(src.start + 1 <= dst.start).only_enforce_if(lit)
+                    mdl.add(src.se >= dst.start).only_enforce_if(lit)
+                    src.state_uses.append(lit)
+                    covers.append(_Cover(lit, src, dst, False, state=True))
+                    lits.append(lit)
+                if lits:
+                    mdl.add(sum(lits) == dst.pres)
+                else:
+                    mdl.add(dst.pres == 0)
+    return covers
+
+
+def _unread(mdl, g, ivs, n: int, D: int) -> None:
+    """What nobody reads lasts as long as the simulator keeps it (module docstring).
+
+    A value nobody reads stays until the end of its stage, event ``e(t, t)``; a node without a
+    state has no use for such a computation except its first, where that end is its start. An
+    unread state stays as long, or until ``B_v``'s step when ``B_v`` runs in that stage on
+    another device (the simulator frees the state on every device after ``B_v``)."""
+    for (d, v), lst in ivs.items():
+        b = int(g.state_reader[v])
+        for iv in lst:
+            tail = iv.stage * (n + 1)
+            if b < 0:
+                if g.successors[v]:
+                    escape = [iv.pres.Not()] + ([iv.first] if iv.first is not None else [])
+                    mdl.add_bool_or(iv.uses + escape)
+                elif iv.first is not None:
+                    mdl.add_implication(iv.pres, iv.first)
+                continue
+            whole = mdl.new_bool_var("")
+            mdl.add(iv.end >= tail).only_enforce_if(whole)
+            mdl.add_bool_or(iv.uses + [iv.pres.Not(), whole])
+            if g.state_bytes[v]:
+                _unread_state(
+                    mdl, iv, [j for d2 in range(D) if d2 != d for j in ivs[(d2, b)]], n, b
+                )
+
+
+def _unread_state(mdl, iv: _Iv, others: list[_Iv], n: int, b: int) -> None:
+    """An unread state lasts until the end of its stage, or until event ``e(t, b)`` when some
+    computation of ``B_v = b`` (in ``others``, on other devices) is in the same stage."""
+    whole = mdl.new_bool_var("")
+    mdl.add(iv.se >= iv.stage * (n + 1)).only_enforce_if(whole)
+    lits = iv.state_uses + [iv.pres.Not(), whole]
+    if others:
+        cut = mdl.new_bool_var("")
+        mdl.add(iv.se >= iv.stage * n + b).only_enforce_if(cut)
+        same = []
+        for jb in others:
+            eq = mdl.new_bool_var("")
+            mdl.add_implication(eq, jb.pres)
+            mdl.add(jb.stage == iv.stage).only_enforce_if(eq)
+            same.append(eq)
+        mdl.add_bool_or(same + [cut.Not()])
+        lits.append(cut)
+    mdl.add_bool_or(lits)
+
+
+def _solution(solver, inst: Instance, ivs, covers: list[_Cover]):
+    """The solver's choice in plain numbers (an :class:`IntervalSolution` with every interval
+    ending where the simulator frees it) and its time, recomputed in floating point."""
+    g, n = inst.graph, inst.size
+    comps: dict[tuple[int, int, int], list[int]] = {}  # (d, v, start) -> last reads
+    objective = 0.0
+    for (d, v), lst in ivs.items():
+        for iv in lst:
+            if solver.boolean_value(iv.pres):
+                comps[(d, v, int(solver.value(iv.start)))] = [-1, -1]  # value, state
+                objective += float(inst.compute_s[d, v])
+    copies = []
+    for cov in covers:
+        if not solver.boolean_value(cov.lit):
+            continue
+        s_read = int(solver.value(cov.dst.start))
+        last = comps[(cov.src.d, cov.src.v, int(solver.value(cov.src.start)))]
+        last[cov.state] = max(last[cov.state], s_read)
+        if cov.remote:
+            copies.append((cov.src.d, cov.dst.d, cov.src.v, s_read))
+            objective += float(inst.copy_s[cov.src.d, cov.dst.d, cov.src.v])
+    runs = {(v, s // n) for (_d, v, s) in comps}  # (node, stage) computed on some device
+    computations, states = [], []
+    for (d, v, s), (last, st_last) in comps.items():
+        t, b = s // n, int(g.state_reader[v])
+        tail = event(t, t, n)
+        computations.append((d, v, s, last if last >= 0 else tail))
+        if b >= 0:
+            dropped = event(t, b, n) if (b, t) in runs else tail
+            states.append((d, v, s, st_last if st_last >= 0 else dropped))
+    return IntervalSolution(computations, copies, states), objective
+
+
+def _add_hint(mdl, inst: Instance, ivs, covers: list[_Cover], hint: _Replay) -> None:
     """Hint the solver with a valid schedule (every variable the model has a value for)."""
-    comps, reads = hint
     n = inst.size
-    value: dict[tuple[int, int, int], tuple[int, int]] = {}  # (d, v, k) -> (start, end)
-    for (d, v), lst in comps.items():
-        for k, (t, last) in enumerate(lst):
-            value[(d, v, k)] = (event(t, v, n), max(last, event(t, v, n)))
+    value: dict[tuple[int, int, int], tuple[int, int, int]] = {}  # (d, v, k) -> events
+    for (d, v), lst in hint.comps.items():
+        for k, (s, last, st_end) in enumerate(lst):
+            value[(d, v, k)] = (s, last if last >= 0 else event(s // n, s // n, n), st_end)
     for (d, v), lst in ivs.items():
         for iv in lst:
             got = value.get((d, v, iv.k))
@@ -590,14 +776,18 @@ def _add_hint(mdl, inst: Instance, ivs, covers: list[_Cover], hint) -> None:
                 mdl.add_hint(iv.first, got[0] // n == v)
             if iv.end_stage is not None:
                 mdl.add_hint(iv.end_stage, got[1] // n)
+            if iv.se is not None:
+                mdl.add_hint(iv.se, got[2])
     chosen = set()
-    for (t, wv, d, u), (src_d, j) in reads.items():
-        chosen.add((u, src_d, j, wv, d, event(t, wv, n)))
+    for (t, wv, d, u), (src_d, j) in hint.reads.items():
+        chosen.add((u, src_d, j, wv, d, event(t, wv, n), False))
+    for (d, b, s), j in hint.state_reads.items():
+        chosen.add((int(inst.graph.state_source[b]), d, j, b, d, s, True))
     for cov in covers:
         src, dst = cov.src, cov.dst
         got = value.get((dst.d, dst.v, dst.k))
-        on = got is not None and (src.v, src.d, src.k, dst.v, dst.d, got[0]) in chosen
-        mdl.add_hint(cov.lit, on)
+        key = (src.v, src.d, src.k, dst.v, dst.d, None if got is None else got[0], cov.state)
+        mdl.add_hint(cov.lit, key in chosen)
 
 
 def _s(x: float | None) -> str:

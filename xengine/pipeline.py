@@ -560,9 +560,9 @@ def _forward_only(graph: Graph) -> Graph:
     new = {old: k for k, old in enumerate(keep)}
     return replace(
         graph,
-        nodes=tuple(replace(graph.nodes[i], fwd_index=None) for i in keep),
+        nodes=tuple(replace(graph.nodes[i], fwd_index=None, state_bytes=0) for i in keep),
         edges=tuple(
-            Edge(new[e.src], new[e.dst], e.copyable)
+            Edge(new[e.src], new[e.dst], e.copyable, e.kind)
             for e in graph.edges
             if e.src in new and e.dst in new
         ),

@@ -2,16 +2,26 @@
 
 A graph file is plain JSON, read as data (never evaluated or unpickled)::
 
-    {"format": "xengine-graph", "version": 1, "name": "net", "fixed_bytes": 0,
-     "nodes": [{"id": 0, "name": "conv1", "kind": "fwd", "output_bytes": 4096,
-                "workspace_bytes": 0, "cost_s": {"cpu": 0.001}, "fwd_index": null}],
-     "links": [{"source": 0, "target": 1, "copyable": true}],
+    {"format": "xengine-graph", "version": 2, "name": "net", "fixed_bytes": 0,
+     "nodes": [{"id": 0, "name": "bn1", "kind": "fwd", "output_bytes": 4096,
+                "state_bytes": 64, "workspace_bytes": 0,
+                "device_workspace_bytes": {"cpu2": 128}, "cost_s": {"cpu": 0.001},
+                "fwd_index": null}, ...],
+     "links": [{"source": 0, "target": 1, "kind": "value", "copyable": true},
+               {"source": 0, "target": 7, "kind": "state"}],
      "copy": [{"src": "cpu", "dst": "cuda", "latency_s": 1e-5,
                "bandwidth_bytes_per_s": 1e10}]}
 
 Nodes may come in any order and ids may be any JSON scalars: nodes are renumbered in a
 topological order that keeps the file's order wherever the links allow (so a file already in
 topological order keeps its numbering). ``fwd_index`` names a node *id*, like the links do.
+
+Version 2 adds what autograd keeps (DESIGN.md section 3): ``state_bytes`` per forward node,
+``device_workspace_bytes`` (workspace measured per device) and the ``kind`` of each link:
+``value`` (the target reads the source's value) or ``state`` (the target is the source's
+backward op and reads its autograd state; never copyable). Version-1 files have neither:
+they load unchanged, with their ``copyable: false`` links read as values kept for the
+backward op, as they were written.
 
 Checkmate's exported layer graphs (networkx node-link JSON, e.g. MOCCASIN's ``*_train_nx.json``)
 load as they are: ``cost_ram`` is read as ``output_bytes``, ``cost_cpu`` as the cost on device
@@ -31,10 +41,11 @@ from pathlib import Path
 from typing import Any
 
 from xengine.files import read_json
-from xengine.graph.types import NODE_KINDS, CopyModel, Edge, Graph, GraphError, Node
+from xengine.graph.types import EDGE_KINDS, NODE_KINDS, CopyModel, Edge, Graph, GraphError, Node
 
 FORMAT = "xengine-graph"
-VERSION = 1
+VERSION = 2
+READS_VERSIONS = (1, 2)
 
 
 def load_graph(path: str | Path) -> Graph:
@@ -63,15 +74,19 @@ def graph_to_dict(graph: Graph) -> dict[str, Any]:
                 "name": v.name,
                 "kind": v.kind,
                 "output_bytes": int(v.output_bytes),
+                "state_bytes": int(v.state_bytes),
                 "workspace_bytes": int(v.workspace_bytes),
+                "device_workspace_bytes": {
+                    d: int(w) for d, w in sorted(v.device_workspace_bytes.items())
+                },
                 "cost_s": {d: float(c) for d, c in sorted(v.cost_s.items())},
                 "fwd_index": v.fwd_index,
             }
             for i, v in enumerate(graph.nodes)
         ],
         "links": [
-            {"source": e.src, "target": e.dst, "copyable": bool(e.copyable)}
-            for e in sorted(graph.edges, key=lambda e: (e.src, e.dst))
+            {"source": e.src, "target": e.dst, "kind": e.kind, "copyable": bool(e.copyable)}
+            for e in sorted(graph.edges, key=lambda e: (e.src, e.dst, e.kind))
         ],
         "copy": [
             {
@@ -125,9 +140,11 @@ def graph_from_dict(data: Any, source: str = "graph", default_name: str = "graph
     fmt = data.get("format", FORMAT)
     if fmt != FORMAT:
         raise _err(source, "format", f"expected {FORMAT!r}, got {fmt!r}")
-    version = data.get("version", VERSION)
-    if version != VERSION:
-        raise _err(source, "version", f"this xengine reads version {VERSION}, got {version!r}")
+    version = data.get("version", 1)
+    if version not in READS_VERSIONS or isinstance(version, bool):
+        raise _err(
+            source, "version", f"this xengine reads versions 1 and {VERSION}, got {version!r}"
+        )
     name = data.get("name")
     if name is None and isinstance(data.get("graph"), dict):
         name = data["graph"].get("name")  # networkx keeps graph attributes under "graph"
@@ -190,6 +207,18 @@ def graph_from_dict(data: Any, source: str = "graph", default_name: str = "graph
         ws = _number(
             source, f"{field}.workspace_bytes", raw.get("workspace_bytes", 0), integer=True
         )
+        state = _number(source, f"{field}.state_bytes", raw.get("state_bytes", 0), integer=True)
+        dws = raw.get("device_workspace_bytes", {})
+        if not isinstance(dws, dict):
+            raise _err(
+                source,
+                f"{field}.device_workspace_bytes",
+                f"expected an object device -> bytes, got {dws!r}",
+            )
+        dev_ws = {
+            str(d): int(_number(source, f"{field}.device_workspace_bytes.{d}", w, integer=True))
+            for d, w in dws.items()
+        }
         cost: dict[str, float] = {}
         if "cost_s" in raw:
             table = raw["cost_s"]
@@ -212,6 +241,8 @@ def graph_from_dict(data: Any, source: str = "graph", default_name: str = "graph
                 "kind": kind,
                 "out": int(out_bytes),
                 "ws": int(ws),
+                "state": int(state),
+                "dev_ws": dev_ws,
                 "cost": cost,
                 "fwd": fwd,
             }
@@ -219,7 +250,7 @@ def graph_from_dict(data: Any, source: str = "graph", default_name: str = "graph
 
     # ---- links, as positions in the node list
     n = len(parsed)
-    edges: dict[tuple[int, int], bool] = {}
+    edges: dict[tuple[int, int, str], bool] = {}
     for k, raw in enumerate(raw_links):
         field = f"links[{k}]"
         if not isinstance(raw, dict):
@@ -230,15 +261,22 @@ def graph_from_dict(data: Any, source: str = "graph", default_name: str = "graph
             if isinstance(nid, (dict, list)) or nid not in pos_of:
                 raise _err(source, f"{field}.{end}", f"node id {nid!r} does not exist")
             ends.append(pos_of[nid])
-        copyable = raw.get("copyable", True)
+        kind = raw.get("kind", "value")
+        if kind not in EDGE_KINDS or (kind != "value" and version < 2):
+            allowed = ", ".join(EDGE_KINDS) if version >= 2 else "value (version 1)"
+            raise _err(source, f"{field}.kind", f"{kind!r} is not one of {allowed}")
+        copyable = raw.get("copyable", kind == "value")
         if not isinstance(copyable, bool):
             raise _err(source, f"{field}.copyable", f"expected true or false, got {copyable!r}")
-        key = (ends[0], ends[1])
+        if kind == "state" and copyable:
+            raise _err(source, f"{field}.copyable", "a state link cannot be copyable")
+        key = (ends[0], ends[1], kind)
         if key in edges:
             raise _err(source, field, f"link {ids[key[0]]!r} -> {ids[key[1]]!r} appears twice")
         edges[key] = copyable
 
-    order = _topological_order(n, edges, [p["name"] for p in parsed], source)
+    pairs = {(u, v) for u, v, _ in edges}
+    order = _topological_order(n, pairs, [p["name"] for p in parsed], source)
     new_index = {old: new for new, old in enumerate(order)}
 
     nodes = []
@@ -260,6 +298,8 @@ def graph_from_dict(data: Any, source: str = "graph", default_name: str = "graph
                     p["cost"],
                     workspace_bytes=p["ws"],
                     fwd_index=fwd_index,
+                    state_bytes=p["state"],
+                    device_workspace_bytes=p["dev_ws"],
                 )
             )
         except GraphError as exc:
@@ -293,7 +333,10 @@ def graph_from_dict(data: Any, source: str = "graph", default_name: str = "graph
         return Graph(
             name,
             tuple(nodes),
-            tuple(Edge(new_index[u], new_index[v], c) for (u, v), c in sorted(edges.items())),
+            tuple(
+                Edge(new_index[u], new_index[v], c, kind)
+                for (u, v, kind), c in sorted(edges.items())
+            ),
             fixed_bytes=fixed_bytes,
             copy_models=copy_models,
             meta={"source": source},
@@ -302,9 +345,7 @@ def graph_from_dict(data: Any, source: str = "graph", default_name: str = "graph
         raise GraphError(f"{source}: {exc}") from None
 
 
-def _topological_order(
-    n: int, edges: Mapping[tuple[int, int], bool], names: list[str], source: str
-) -> list[int]:
+def _topological_order(n: int, edges, names: list[str], source: str) -> list[int]:
     """Kahn's algorithm taking the lowest file position first (stable); a cycle is an error
     that names the nodes on one cycle."""
     succ: list[list[int]] = [[] for _ in range(n)]

@@ -150,8 +150,17 @@ class Graph:
         self._check_states()
 
     def _check_states(self) -> None:
-        """A state edge joins ``F_v`` to its own ``B_v``, once; only such an ``F_v`` has state
-        bytes."""
+        """``fwd_index`` names a forward node; a state edge joins ``F_v`` to its own ``B_v``,
+        once; only such an ``F_v`` has state bytes."""
+        for v in self.nodes:
+            f = v.fwd_index
+            if f is not None and (
+                v.kind != "bwd" or not (0 <= f < len(self.nodes)) or self.nodes[f].kind != "fwd"
+            ):
+                raise GraphError(
+                    f"graph {self.name!r}: node {v.name!r}: fwd_index must name a forward node "
+                    "and only a backward node has one"
+                )
         has_edge: set[int] = set()
         reads: set[int] = set()
         for e in self.edges:

@@ -24,7 +24,7 @@ import socket
 import statistics
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,8 @@ from xengine.graph.types import CopyModel, Graph
 log = logging.getLogger(__name__)
 
 FORMAT = "xengine-profile"
-VERSION = 1
+VERSION = 2  # 2: op workspaces per device ("workspace_bytes"); 1 files still load
+READS_VERSIONS = (1, 2)
 COPY_SIZES_BYTES = (2**12, 2**16, 2**20, 2**22, 2**24)
 KEY_FIELDS = ("net", "batch_size", "mode", "dtype", "devices", "torch")
 
@@ -55,6 +56,9 @@ class Profile:
     copy: dict[tuple[str, str], CopyModel]  # (src, dst) -> latency + bandwidth
     source: str  # "measured on <host> <cpu> at <utc>" or the file it was loaded from
     measured: str = ""  # where and when it was measured (kept in the file)
+    # device -> node name -> bytes an op needs only while it runs there (its temporaries
+    # depend on the device, its thread count and the CPU kind); empty in version-1 files
+    workspace_bytes: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -71,6 +75,7 @@ class Profile:
             "key": json.loads(json.dumps(self.key)),  # a copy: callers may edit the result
             "measured": self.measured or self.source,
             "compute_s": {d: dict(t) for d, t in self.compute_s.items()},
+            "workspace_bytes": {d: dict(t) for d, t in self.workspace_bytes.items()},
             "copy": [
                 {
                     "src": a,
@@ -93,8 +98,8 @@ class Profile:
             raise ProfileError(f"{src}: a profile file must hold a JSON object")
         if data.get("format") != FORMAT:
             raise fail("format", f"expected {FORMAT!r}, got {data.get('format')!r}")
-        if data.get("version") != VERSION:
-            raise fail("version", f"expected {VERSION}, got {data.get('version')!r}")
+        if data.get("version") not in READS_VERSIONS or isinstance(data.get("version"), bool):
+            raise fail("version", f"expected 1 or {VERSION}, got {data.get('version')!r}")
         key = data.get("key")
         if not isinstance(key, dict):
             raise fail("key", "missing or not an object")
@@ -138,7 +143,15 @@ class Profile:
         measured = data.get("measured", "")
         if not isinstance(measured, str):
             raise fail("measured", "expected a string")
-        return cls(key=key, compute_s=compute_s, copy=copies, source=src, measured=measured)
+        workspace = _read_workspace(data.get("workspace_bytes", {}), fail)
+        return cls(
+            key=key,
+            compute_s=compute_s,
+            copy=copies,
+            source=src,
+            measured=measured,
+            workspace_bytes=workspace,
+        )
 
     def save(self, path: str | Path) -> Path:
         p = Path(path)
@@ -153,6 +166,22 @@ class Profile:
         p = Path(path)
         data = read_json(p, "profile", ProfileError)
         return cls.from_json(data, p)
+
+
+def _read_workspace(raw: Any, fail) -> dict[str, dict[str, int]]:
+    if not isinstance(raw, dict):
+        raise fail("workspace_bytes", "expected an object device -> node -> bytes")
+    out: dict[str, dict[str, int]] = {}
+    for dev, table in raw.items():
+        if not isinstance(table, dict):
+            raise fail(f"workspace_bytes.{dev}", "expected an object node -> bytes")
+        out[dev] = {}
+        for node, b in table.items():
+            f = _nonneg(b, lambda m, n=node, d=dev: fail(f"workspace_bytes.{d}.{n}", m))
+            if f != int(f) or f > 2**62:
+                raise fail(f"workspace_bytes.{dev}.{node}", f"expected whole bytes, got {b!r}")
+            out[dev][node] = int(f)
+    return out
 
 
 def _nonneg(x: Any, fail) -> float:
@@ -247,13 +276,20 @@ def profile_model(
                 return cached
             log.warning("cached profile %s has another key; measuring again", path)
     t0 = time.perf_counter()
-    compute_s, copy = _measure(captured, devices, repeats, warmup, progress)
+    compute_s, copy, workspace = _measure(captured, devices, repeats, warmup, progress)
     measured = (
         f"measured on {socket.gethostname()} ({cpu_model()}"
         + "".join(f", {k['name']}" for k in key["devices"].values() if k.get("kind") == "cuda")
         + f") at {datetime.now(UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}"
     )
-    prof = Profile(key=key, compute_s=compute_s, copy=copy, source=measured, measured=measured)
+    prof = Profile(
+        key=key,
+        compute_s=compute_s,
+        copy=copy,
+        source=measured,
+        measured=measured,
+        workspace_bytes=workspace,
+    )
     log.info(
         "profiled %s (batch %d) on %s in %.1f s",
         key["net"],
@@ -273,10 +309,12 @@ def _measure(
     repeats: int,
     warmup: int,
     progress: bool,
-) -> tuple[dict[str, dict[str, float]], dict[tuple[str, str], CopyModel]]:
+) -> tuple[
+    dict[str, dict[str, float]], dict[tuple[str, str], CopyModel], dict[str, dict[str, int]]
+]:
     from tqdm.auto import tqdm
 
-    from xengine.execute.executor import _Runtime
+    from xengine.execute.executor import _Runtime, measure_workspace_bytes
 
     g = captured.graph
     buffers0 = [(b, b.detach().clone()) for b in captured.gm.buffers()]
@@ -287,9 +325,10 @@ def _measure(
     rt = _Runtime(captured, devices)
     compute_s: dict[str, dict[str, float]] = {}
     copy: dict[tuple[str, str], CopyModel] = {}
+    workspace: dict[str, dict[str, int]] = {}
     n_pairs = len(devices) * (len(devices) - 1)
     bar = tqdm(
-        total=len(devices) * g.size + n_pairs,
+        total=len(devices) * (g.size + 1) + n_pairs,
         desc=f"profiling {captured.net}",
         disable=not progress,
         leave=False,
@@ -297,6 +336,11 @@ def _measure(
     try:
         for d in devices:
             compute_s[d] = _time_nodes(rt, d, repeats, warmup, bar)
+        rt.reset()
+        for d in devices:
+            ws = measure_workspace_bytes(captured, d)
+            workspace[d] = {v.name: int(w) for v, w in zip(g.nodes, ws, strict=True)}
+            bar.update(1)
         for a in devices:
             for b in devices:
                 if a != b:
@@ -314,7 +358,7 @@ def _measure(
                 b.copy_(b0)
         for p in captured.module.parameters():
             p.grad = grads0.get(id(p))
-    return compute_s, copy
+    return compute_s, copy, workspace
 
 
 def _sync(rt, *names: str) -> None:
@@ -407,7 +451,15 @@ def apply_profile(graph: Graph, profile: Profile) -> Graph:
             if extra:
                 what.append(f"times {len(extra)} node(s) the graph lacks (first: {extra[0]!r})")
             raise ProfileError(f"{src}: field 'compute_s.{d}' " + " and ".join(what))
-    return graph.with_costs(profile.compute_s, profile.copy)
+    for d, table in profile.workspace_bytes.items():
+        missing = [x for x in names if x not in table]
+        if missing:
+            raise ProfileError(
+                f"{src}: field 'workspace_bytes.{d}' has no workspace for {len(missing)} "
+                f"node(s) of the graph (first: {missing[0]!r})"
+            )
+    workspace = {d: {x: t[x] for x in names} for d, t in profile.workspace_bytes.items()}
+    return graph.with_costs(profile.compute_s, profile.copy, workspace)
 
 
 __all__ = [
