@@ -21,8 +21,12 @@ def copy_models(devices, latency_s: float = 0.01, bandwidth: float = 1e18) -> di
     return {(a, b): CopyModel(latency_s, bandwidth) for a in devices for b in devices if a != b}
 
 
-def random_graph(seed: int, devices=("a", "b"), latency_s: float = 0.05) -> Graph:
-    """A small training graph with random bytes and random per-device costs."""
+def random_graph(
+    seed: int, devices=("a", "b"), latency_s: float = 0.05, states: bool = False
+) -> Graph:
+    """A small training graph with random bytes and random per-device costs; with ``states``,
+    in the captured graphs' form: random autograd states (some zero, some larger than the
+    value, as max-pool indices are) and values kept for backward only where saved."""
     r = np.random.default_rng(seed)
     shapes = [
         (3, [(0, 1), (1, 2)]),
@@ -39,6 +43,8 @@ def random_graph(seed: int, devices=("a", "b"), latency_s: float = 0.05) -> Grap
         {d: list(np.round(r.uniform(0.5, 2.0, nf), 3)) for d in devices},
         saves_input=bool(seed % 2),
         copy_models=copy_models(devices, latency_s=latency_s, bandwidth=1e6),
+        state_bytes=list(r.choice([0, 500, 3000], nf)) if states else None,
+        saves_output=list(r.random(nf) < 0.5) if states else None,
     )
 
 

@@ -36,10 +36,53 @@ def test_one_device_exact_and_paper_equal(seed):
             assert agree(ex)
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_one_device_with_states_exact_paper_and_checkmate_agree(seed):
+    """On graphs with autograd states the one-device models equal each other and the
+    simulator, and no budget below keep-all is met by keeping every state to its backward."""
+    g = random_graph(seed, devices=("a",), states=True)
+    assert g.has_states and g.state_bytes.sum() > 0
+    peak = g.keep_all_peak_bytes()
+    low = int(g.node_lower_bound_bytes("a").max())
+    for frac in (1.0, 0.5, 0.0):
+        inst = _single(g, "a", low + frac * (peak - low))
+        ex = solve_xengine(inst, mode="exact", options=OPTS)
+        pa = solve_xengine(inst, mode="paper", options=OPTS)
+        assert ex.status == pa.status
+        if ex.status == "optimal":
+            assert ex.objective_s == pytest.approx(pa.objective_s, rel=1e-7)
+            assert agree(ex), (ex.objective_s, ex.sim.time_s, ex.model_peak_bytes)
+            assert ex.schedule.S_state is not None
+
+
+def test_states_can_be_dropped_and_made_again():
+    """A large state is worth dropping: under this budget f1's state cannot stay through the
+    rest of the forward pass, so f1 runs again before its backward op to make it anew."""
+    g = training_graph(
+        "bigstate",
+        [(0, 1), (1, 2)],
+        3,
+        [1000, 1000, 4000],
+        {"a": [1.0, 1.0, 1.0]},
+        state_bytes=[0, 5000, 0],
+        saves_output=[False, False, False],
+    )
+    inst0 = _single(g, "a", 10**9)
+    keep_all = simulate(inst0, keep_all_schedule(inst0))
+    assert keep_all.peak_bytes[0] == 15000
+    inst = _single(g, "a", 12000)
+    res = solve_xengine(inst, options=OPTS)
+    assert res.status == "optimal" and agree(res)
+    assert res.sim.peak_bytes[0] <= 12000
+    assert res.schedule.R[0, :, 1].sum() == 2  # f1 runs again to make its state anew
+    assert not res.schedule.S_state[0, 3:5, 1].any()  # not kept over the loss and b2
+
+
 @pytest.mark.parametrize("seed", range(12))
-def test_exact_objective_and_memory_equal_simulator(seed):
+@pytest.mark.parametrize("states", [False, True], ids=["values", "states"])
+def test_exact_objective_and_memory_equal_simulator(seed, states):
     devices = ("a", "b", "c") if seed % 4 == 3 else ("a", "b")
-    g = random_graph(seed, devices=devices)
+    g = random_graph(seed, devices=devices, states=states)
     peak = g.keep_all_peak_bytes()
     low = int(g.node_lower_bound_bytes().max())
     n_solved = 0

@@ -95,9 +95,21 @@ class Formulation:
         if self.Aix is not None:
             A = np.where(self.Aix >= 0, x[np.maximum(self.Aix, 0)] > 0.5, False)
         if self.mode == "paper":
-            # The paper model allows recomputing a node that is resident; that never helps
-            # and the simulator rejects it, so the redundant computation is dropped.
-            R = R & ~S
+            # The paper model allows recomputing a node that is resident; the simulator
+            # rejects it. The redundant computation is dropped, unless it makes a state that
+            # is kept or read in its stage: then the resident value is dropped instead (the
+            # computation makes it anew), which costs no time and no memory.
+            both = R & S
+            if A is not None:
+                g = self.inst.graph
+                makes = np.zeros_like(R)
+                for v, b in enumerate(g.state_reader.tolist()):
+                    if b >= 0:
+                        kept = np.concatenate([A[:, 1:, v], np.zeros_like(A[:, :1, v])], axis=1)
+                        makes[:, :, v] = ~A[:, :, v] & (kept | R[:, :, b])
+                S = S & ~(both & makes)
+                both = both & ~makes
+            R = R & ~both
         return Schedule(self.inst.devices, R, S, A)
 
     def objective_s(self, x: np.ndarray) -> float:

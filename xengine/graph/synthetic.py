@@ -17,13 +17,18 @@ def training_graph(
     loss_cost_s: Mapping[str, float] | None = None,
     saves_input: bool = True,
     copy_models: Mapping[tuple[str, str], CopyModel] | None = None,
+    state_bytes: Sequence[int] | None = None,
+    saves_output: Sequence[bool] | None = None,
 ) -> Graph:
     """Build forward ops, a loss and mirrored backward ops, the way captured graphs look.
 
     Forward node ``i`` (0..n_fwd-1) reads its predecessors in ``fwd_edges``; the last forward
     node feeds the loss. Backward node of ``i`` reads the gradients from the backward nodes of
-    its consumers (or the loss), its own forward node (autograd state, not copyable) and, when
-    ``saves_input``, its forward inputs (as convolutions do).
+    its consumers (or the loss) and, when ``saves_input``, its forward inputs (as convolutions
+    do). Without ``state_bytes`` it also reads its own forward node's output over a
+    non-copyable edge (version 1's convention). With ``state_bytes`` it reads forward node
+    ``i``'s autograd state of ``state_bytes[i]`` bytes over a state edge and its value only
+    where ``saves_output[i]`` (default: every other node), as captured graphs do.
     """
     devices = list(fwd_cost_s)
     bwd_cost_s = bwd_cost_s or {d: [2 * c for c in fwd_cost_s[d]] for d in devices}
@@ -34,10 +39,19 @@ def training_graph(
     def bwd(i: int) -> int:
         return n - 1 - i
 
+    states = state_bytes is not None
+    if states and saves_output is None:
+        saves_output = [i % 2 == 0 for i in range(n_fwd)]
     nodes: list[Node] = []
     for i in range(n_fwd):
         nodes.append(
-            Node(f"f{i}", "fwd", int(fwd_bytes[i]), {d: float(fwd_cost_s[d][i]) for d in devices})
+            Node(
+                f"f{i}",
+                "fwd",
+                int(fwd_bytes[i]),
+                {d: float(fwd_cost_s[d][i]) for d in devices},
+                state_bytes=int(state_bytes[i]) if states else 0,
+            )
         )
     nodes.append(Node("loss", "loss", int(fwd_bytes[n_fwd - 1]), dict(loss_cost_s)))
     for j in range(n_fwd):
@@ -61,7 +75,10 @@ def training_graph(
     for i in range(n_fwd):
         for c in consumers[i]:
             edges.add((loss if c == loss else bwd(c), bwd(i), True))
-        edges.add((i, bwd(i), False))
+        if not states:
+            edges.add((i, bwd(i), False))
+        elif saves_output[i]:
+            edges.add((i, bwd(i), True))
         if saves_input:
             for u, v in fwd_edges:
                 if v == i:
@@ -70,10 +87,11 @@ def training_graph(
     uniq: dict[tuple[int, int], bool] = {}
     for u, v, c in edges:
         uniq[(u, v)] = uniq.get((u, v), True) and c
+    state_edges = tuple(Edge(i, bwd(i), False, "state") for i in range(n_fwd)) if states else ()
     return Graph(
         name,
         tuple(nodes),
-        tuple(Edge(u, v, c) for (u, v), c in sorted(uniq.items())),
+        tuple(Edge(u, v, c) for (u, v), c in sorted(uniq.items())) + state_edges,
         copy_models=dict(copy_models or {}),
     )
 
