@@ -20,8 +20,14 @@ def single(cap, device: str = "cpu", budget: int | None = None) -> Instance:
     return Instance.single(costed(cap.graph, [device]), device, budget)
 
 
-def within(measured: int, predicted: int, frac: float = 0.10) -> bool:
-    return abs(measured - predicted) <= frac * predicted
+# Measured against predicted on the CPU allocator: 1 % (the issue's bound is max(1 %, 1 MiB),
+# which at these sizes would accept anything) plus 8 KiB for the random-state snapshot the
+# executor keeps per dropout op (5 KiB on the CPU generator), which the graph does not count.
+SLACK_BYTES = 8 * 1024
+
+
+def within(measured: int, predicted: int, frac: float = 0.01) -> bool:
+    return abs(measured - predicted) <= frac * predicted + SLACK_BYTES
 
 
 # ---------------------------------------------------------------------- numbers
@@ -77,8 +83,14 @@ def test_resnet18_keep_all_and_checkpointing_match_plain_pytorch():
     inst = single(cap)
     run_beside_reference(cap, inst, keep_all_schedule(inst))
     sched = checkpoint_schedule(inst, keep=set(range(0, cap.n_forward, 4)))
-    assert simulate(inst, sched).n_recomputes > 0
-    run_beside_reference(cap, inst, sched)
+    sim = simulate(inst, sched)
+    assert sim.n_recomputes > 0
+    # batch-norm values are dropped and made again while their states are kept
+    by = {v.name: i for i, v in enumerate(cap.graph.nodes)}
+    bn = by["layer1_0_bn1"]
+    assert sched.R[0, :, bn].sum() > 1 and sched.states_for(inst.graph)[0, :, bn].any()
+    res, _ = run_beside_reference(cap, inst, sched, measure_memory=True)
+    assert within(res.peak_bytes["cpu"], res.predicted_peak_bytes["cpu"]), res.peak_bytes
 
 
 def test_two_logical_cpu_devices_match_plain_pytorch():
@@ -139,15 +151,16 @@ def test_resnet18_224_measured_peak_is_the_predicted_peak():
         assert within(res.peak_bytes["cpu"], predicted), (res.peak_bytes, predicted)
 
 
-def test_reference_step_measures_memory():
+def test_reference_step_peak_is_the_keep_all_peak():
+    """Keep-all keeps what autograd keeps: its predicted peak is plain PyTorch's measured one
+    (the graph counts values until their last reader and states until their backward)."""
     cap = tiny(8)
     start = buffers(cap)
     ref = reference_step(cap, n_steps=1, warmup=0)
     set_buffers(cap, start)
     inst = single(cap)
-    # plain PyTorch keeps every saved tensor until backward, like keep-all
     keep_all = int(simulate(inst, keep_all_schedule(inst)).peak_bytes[0])
-    assert 0.5 * keep_all < ref.peak_bytes["cpu"] < 1.5 * keep_all
+    assert abs(ref.peak_bytes["cpu"] - keep_all) <= 0.01 * keep_all, (ref.peak_bytes, keep_all)
 
 
 # ---------------------------------------------------------------------- bad input

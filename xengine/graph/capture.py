@@ -132,6 +132,9 @@ class OpSpec:
     grad_inputs: tuple[int, ...] = ()
     saved_inputs: tuple[int, ...] = ()
     saves_output: bool = False
+    # per entry of grad_inputs: the earlier entry whose gradient is the very same tensor (the
+    # add backward hands one gradient to both inputs), else -1; such a gradient is stored once
+    grad_alias: tuple[int, ...] = ()
     extra_bytes: int = 0
     output_bytes: int = 0
     output_shape: tuple[int, ...] = ()
@@ -512,6 +515,7 @@ def _trace_ops(
         )
         if not spec.requires_grad:
             spec.param_names = ()
+        spec.grad_alias = _gradient_aliases(y, leaves, in_specs) if spec.requires_grad else ()
         values[node] = y.detach()
         spec_of[node] = spec
         order.append(node)
@@ -551,6 +555,30 @@ def _trace_ops(
                 "class indices"
             )
     return specs, out
+
+
+def gradient_key(t: torch.Tensor) -> tuple:
+    """What makes two gradients the very same tensor: storage, offset, shape and strides."""
+    return (t.data_ptr(), tuple(t.shape), tuple(t.stride()))
+
+
+def _gradient_aliases(y: torch.Tensor, leaves: list, in_specs: list) -> tuple[int, ...]:
+    """Run the op's backward once (gradient of ones) and, per input that receives a gradient,
+    the earlier such input whose gradient is the same tensor, or -1."""
+    grad_leaves = [t for t, s in zip(leaves, in_specs, strict=True) if s.requires_grad]
+    if len(grad_leaves) < 2:
+        return (-1,) * len(grad_leaves)
+    grads = torch.autograd.grad(y, grad_leaves, torch.ones_like(y), allow_unused=True)
+    first: dict[tuple, int] = {}
+    out = []
+    for k, gk in enumerate(grads):
+        if gk is None:
+            out.append(-1)
+            continue
+        key = gradient_key(gk)
+        out.append(first.get(key, -1))
+        first.setdefault(key, k)
+    return tuple(out)
 
 
 def _contains_tensor(y: Any) -> bool:
@@ -605,9 +633,11 @@ def _build_graph(
 
         for j in range(nf):
             s = specs[nf - 1 - j]
+            alias = s.grad_alias or (-1,) * len(s.grad_inputs)
             grad_bytes = sum(
                 int(torch.Size(specs[u].output_shape).numel()) * _itemsize(specs[u].output_dtype)
-                for u in s.grad_inputs
+                for u, a in zip(s.grad_inputs, alias, strict=True)
+                if a < 0  # a gradient handed to two inputs is one tensor
             )
             ws = sum(tensor_bytes(params[p]) for p in s.param_names)
             nodes.append(
