@@ -164,23 +164,25 @@ def synthetic(kind: str, n_layers: int, seed: int = 0) -> Graph:
     )
 
 
-def net_graph(net: str, batch_size: int, costs: str) -> Graph:
+def net_graph(net: str, batch_size: int, costs: str, graph_dir: Path | None = None) -> Graph:
     """A captured torchvision training graph with costs for devices ``a`` and ``b``.
 
     ``costs=h200``: the shipped measurement of a real CPU + GPU pair
     (``results/profiles/**/<net>-b<batch>-cpu+cuda.graph.json``, made by
     ``experiments/device_profiles.py``): ``a`` is that machine's 16-thread CPU, ``b`` its
     NVIDIA H200, with the measured copy links; nothing is measured here, so every machine
-    solves the same instances. ``costs=profile``: measured CPU times (``xengine.profile``,
-    cached under results/cache) for ``a``; ``b`` is a synthetic device 4x faster with a
-    10 GB/s, 20 us link. ``costs=bytes``: time proportional to each node's output bytes
-    (1 GB/s on ``a``), no measurement at all.
+    solves the same instances (``graph_dir`` picks another folder of such files: the
+    version-1 graphs of the measurements before issue 15 are in
+    ``results/solver_benchmark/instances_v1``). ``costs=profile``: measured CPU times
+    (``xengine.profile``, cached under results/cache) for ``a``; ``b`` is a synthetic device
+    4x faster with a 10 GB/s, 20 us link. ``costs=bytes``: time proportional to each node's
+    output bytes (1 GB/s on ``a``), no measurement at all.
     """
     if costs == "h200":
         from xengine.graph.io import load_graph
 
         name = f"{net}-b{batch_size}-cpu+cuda.graph.json"
-        found = sorted((ROOT / "results" / "profiles").rglob(name))
+        found = sorted(Path(graph_dir or ROOT / "results" / "profiles").rglob(name))
         if not found:
             raise FileNotFoundError(
                 f"results/profiles/**/{name} is not shipped: experiments/device_profiles.py "
@@ -232,7 +234,9 @@ runs into the time limit (chain16 included), which the full suite covers; this k
 suite under five minutes at a 30 s limit with two formulations."""
 
 
-def suite_cases(suite: str, batch_size: int, costs: str) -> list[Case]:
+def suite_cases(
+    suite: str, batch_size: int, costs: str, graph_dir: Path | None = None
+) -> list[Case]:
     graphs = [synthetic("chain", 16), synthetic("residual", 16), synthetic("chain", 32)]
     cases = [Case("quick", g, devs) for g in graphs for devs in (("a",), DEVICES_2)]
     if suite == "full":
@@ -241,7 +245,7 @@ def suite_cases(suite: str, batch_size: int, costs: str) -> list[Case]:
             cases += [Case("full", g, devs) for devs in (("a",), DEVICES_2)]
         for net in NETS:
             try:
-                g = net_graph(net, batch_size, costs)
+                g = net_graph(net, batch_size, costs, graph_dir)
             except Exception as exc:  # the capture/profile modules are optional here
                 log.error("skipping %s: capture/profile failed: %s", net, exc)
                 continue
@@ -899,6 +903,14 @@ def main(argv: list[str] | None = None) -> int:
         help="nets' costs: measured CPU + a synthetic 4x device, the shipped CPU + H200 "
         "profiles, or output bytes (see net_graph)",
     )
+    ap.add_argument(
+        "--graph-dir",
+        type=Path,
+        default=None,
+        help="--costs h200: folder of <net>-b<B>-cpu+cuda.graph.json files (default "
+        "results/profiles; results/solver_benchmark/instances_v1 holds the version-1 graphs "
+        "that the measurements before 2026-12-01 used)",
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     for name in ("xengine.solve", "xengine.formulation", "baselines.checkmate"):
@@ -925,7 +937,9 @@ def main(argv: list[str] | None = None) -> int:
                 ap.error(f"--merge {d}: no solver_benchmark.csv there")
             rows += [r for r in read_run(d) if r["status"] != "bug"]
         forms = list(dict.fromkeys(r["formulation"] for r in rows))
-    for case in [] if args.merge else suite_cases(args.suite, args.batch_size, args.costs):
+    for case in (
+        [] if args.merge else suite_cases(args.suite, args.batch_size, args.costs, args.graph_dir)
+    ):
         if keep_graphs and case.graph.name not in keep_graphs:
             continue
         if len(case.devices) not in keep_dev:

@@ -148,7 +148,7 @@ def test_checkmate_aliases(tmp_path):
         (lambda d: d["links"][0].pop("source"), "links[0].source"),
         (lambda d: d["links"].append({"source": 0, "target": 1}), "links[1]"),
         (lambda d: d.update(format="onnx"), "format"),
-        (lambda d: d.update(version=2), "version"),
+        (lambda d: d.update(version=3), "version"),
         (lambda d: d.update(nodes=[]), "nodes"),
         (
             lambda d: d.update(copy=[{"src": "cpu", "dst": "cuda", "latency_s": 0}]),

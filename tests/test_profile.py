@@ -62,10 +62,28 @@ def test_save_load_round_trip(cached, tmp_path):
     prof, _ = cached
     path = prof.save(tmp_path / "p.json")
     data = json.loads(path.read_text())
-    assert data["format"] == "xengine-profile" and data["version"] == 1
+    assert data["format"] == "xengine-profile" and data["version"] == 2
     back = Profile.load(path)
     assert back.key == prof.key and back.compute_s == prof.compute_s and back.copy == prof.copy
+    assert back.workspace_bytes == prof.workspace_bytes
+    assert set(prof.workspace_bytes) == {"cpu1", "cpu2"}
     assert back.source == str(path) and back.measured == prof.measured
+
+
+def test_workspaces_are_measured_per_device_and_applied(cached):
+    """Op temporaries depend on the device's thread count: each device gets its own figure,
+    the instance reads it, and the backward ops need at least their parameter gradients."""
+    prof, _ = cached
+    g = apply_profile(tiny().graph, prof)
+    by = {v.name: v for v in g.nodes}
+    for d in ("cpu1", "cpu2"):
+        assert set(prof.workspace_bytes[d]) == set(by)
+        assert by["grad_fc"].workspace_on(d) == prof.workspace_bytes[d]["grad_fc"]
+        assert by["grad_fc"].workspace_on(d) >= 10 * 8 * 16 * 16 * 4
+    inst = Instance(g, ("cpu1", "cpu2"), (10**9, 10**9))
+    names = [v.name for v in g.nodes]
+    for k, d in enumerate(inst.devices):
+        assert list(inst.workspace_bytes[k]) == [prof.workspace_bytes[d][x] for x in names]
 
 
 def test_applied_profile_drives_the_simulator(cached):

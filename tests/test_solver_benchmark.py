@@ -196,11 +196,13 @@ def test_heuristics_on_the_shipped_nets(tmp_path):
     assert heuristics_nets.main(["--nets=vgg16", "--devices=b", f"--out={tmp_path}"]) == 0
     rows = list(csv.DictReader((tmp_path / "heuristics_nets.csv").open()))
     assert len(rows) == 4 * 4  # 90 / 70 / 50 % and the smallest budget, four heuristics
-    for budget in ("90%", "70%", "50%"):
+    # 50 % is below vgg16 b8's smallest feasible budget since keep-all keeps what autograd
+    # keeps (490 of its 947 MiB are one op: the first classifier layer and its gradient)
+    for budget in ("90%", "70%", "min"):
         by = {r["strategy"]: r for r in rows if r["budget"] == budget}
         ours, chen = by["recompute_greedy"], by["chen_greedy"]
         assert ours["status"] == "feasible"
-        assert float(ours["peak_mib"]) <= int(ours["budget_bytes"]) / 2**20
+        assert float(ours["peak_mib"]) <= int(ours["budget_bytes"]) / 2**20 + 0.005  # 2 decimals
         # the cost-aware greedy beats Chen's segments on vgg16 with H200 costs
         assert float(ours["time_ms"]) < float(chen["time_ms"])
     assert (tmp_path / "heuristics_nets_b.png").stat().st_size > 0
