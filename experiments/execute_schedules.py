@@ -39,6 +39,7 @@ from xengine.pipeline import StartState, check_grads, reference_devices  # noqa:
 from xengine.problem import UNLIMITED_BYTES, Instance  # noqa: E402
 from xengine.profile.profiler import Profile, apply_profile  # noqa: E402
 from xengine.schedule import Schedule  # noqa: E402
+from xengine.simulate import simulate  # noqa: E402
 
 log = logging.getLogger("execute_schedules")
 MIB = 2**20
@@ -68,9 +69,15 @@ def main(argv: list[str] | None = None) -> int:
     graph = apply_profile(cap.graph, Profile.load(args.profile))
     runs: dict[str, tuple[Instance, Schedule]] = {}
     for label, path in args.schedule:
-        sched = Schedule.from_json(json.loads(path.read_text()), source=str(path))
-        devs = tuple(sched.devices)
-        runs[label] = (Instance(graph, devs, (UNLIMITED_BYTES,) * len(devs)), sched)
+        try:  # a file is data: a malformed or invalid schedule is one line naming it
+            sched = Schedule.from_json(json.loads(path.read_text()), source=str(path))
+            devs = tuple(sched.devices)
+            inst = Instance(graph, devs, (UNLIMITED_BYTES,) * len(devs))
+            simulate(inst, sched, check_budget=False)
+        except (OSError, ValueError) as exc:
+            print(f"error: schedule {path}: {exc}", file=sys.stderr)
+            return 2
+        runs[label] = (inst, sched)
     devices = tuple(dict.fromkeys(d for inst, _ in runs.values() for d in inst.devices))
     plain_devices = reference_devices(devices)
     start = StartState(cap.module)

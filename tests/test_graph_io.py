@@ -185,3 +185,84 @@ def test_file_is_data_not_code(tmp_path):
     data = {"nodes": [_node(0, out="__import__('os').system('false')")], "links": []}
     with pytest.raises(GraphError, match="nodes\\[0\\].output_bytes"):
         load_graph(_write(tmp_path / "evil.json", data))
+
+
+# --------------------------------------------------------------------------- version 2
+def _v2() -> dict:
+    """f0 -> loss -> b0, with f0's state read by b0."""
+    return {
+        "format": "xengine-graph",
+        "version": 2,
+        "nodes": [
+            _node(0, state_bytes=16),
+            _node(1, kind="loss"),
+            _node(2, kind="bwd", fwd_index=0, device_workspace_bytes={"cpu2": 64}),
+        ],
+        "links": [
+            {"source": 0, "target": 1, "kind": "value"},
+            {"source": 1, "target": 2},
+            {"source": 0, "target": 2, "kind": "state"},
+        ],
+    }
+
+
+def test_version_2_round_trip_keeps_states_and_workspaces(tmp_path):
+    g = graph_from_dict(_v2(), source="v2.json")
+    assert g.has_states and list(g.state_bytes) == [16, 0, 0]
+    assert g.state_reader[0] == 2 and g.state_source[2] == 0
+    assert g.predecessors[2] == (1,)  # the state link is not a value read
+    assert g.nodes[2].workspace_on("cpu2") == 64 and g.nodes[2].workspace_on("cpu") == 0
+    save_graph(g, tmp_path / "g.json")
+    back = load_graph(tmp_path / "g.json")
+    assert back.nodes == g.nodes and set(back.edges) == set(g.edges)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d["links"][2].update(target=1), "state link n0->n1 must join a forward op"),
+        (lambda d: d["nodes"][0].update(state_bytes=-1), "nodes[0].state_bytes"),
+        (lambda d: d["links"][2].update(copyable=True), "links[2].copyable"),
+        (lambda d: d["links"][2].update(kind="grad"), "links[2].kind"),
+        (lambda d: d.update(version=1), "links[2].kind"),  # version 1 has no state links
+        (lambda d: d["nodes"][2].update(fwd_index=2), "fwd_index must name a forward node"),
+        (lambda d: d["nodes"][1].update(state_bytes=4), "only a forward op has an autograd"),
+        (
+            lambda d: d["nodes"][2].update(device_workspace_bytes={"cpu": -3}),
+            "nodes[2].device_workspace_bytes.cpu",
+        ),
+    ],
+)
+def test_version_2_errors_name_the_file_and_the_field(tmp_path, mutate, message):
+    data = _v2()
+    mutate(data)
+    path = _write(tmp_path / "bad.json", data)
+    with pytest.raises(GraphError) as ei:
+        load_graph(path)
+    assert path in str(ei.value) and message in str(ei.value), str(ei.value)
+
+
+def test_schedule_keeping_a_state_where_its_op_never_ran_is_refused():
+    from xengine.problem import Instance
+    from xengine.schedule import Schedule, keep_all_schedule
+    from xengine.simulate import ScheduleError, simulate
+
+    g = graph_from_dict(_v2(), source="v2.json")
+    cm = CopyModel(0.0, 1e9)
+    g = g.with_costs(
+        {"cpu2": {v.name: 1.0 for v in g.nodes}}, {("cpu", "cpu2"): cm, ("cpu2", "cpu"): cm}
+    )
+    inst = Instance(g, ("cpu", "cpu2"), (10**6, 10**6))
+    ok = keep_all_schedule(inst)
+    simulate(inst, ok)
+    data = ok.to_json()
+    assert data["version"] == 2 and data["S_state"] == [[0, 1, 0], [0, 2, 0]]
+    data["S_state"] = [[1, 1, 0], [1, 2, 0]]  # on cpu2, where f0 never ran
+    bad = Schedule.from_json(data, source="s.json")
+    with pytest.raises(ScheduleError, match=r"the state of node 0 \(n0\) is kept on cpu2"):
+        simulate(inst, bad)
+    v1 = {k: v for k, v in ok.to_json().items() if k != "S_state"} | {"version": 1}
+    assert Schedule.from_json(v1).S_state is None
+    assert simulate(inst, Schedule.from_json(v1)).peak_bytes.tolist() == (
+        simulate(inst, ok).peak_bytes.tolist()
+    )
