@@ -13,7 +13,7 @@ from tests._schedules import checkpoint_schedule
 from tests.helpers import copy_models
 from xengine.coarsen import coarsen, group_ranges, solve_coarse
 from xengine.graph.synthetic import chain, training_graph
-from xengine.graph.types import Graph
+from xengine.graph.types import CopyModel, Graph
 from xengine.problem import Instance
 from xengine.schedule import Schedule, keep_all_schedule
 from xengine.simulate import simulate
@@ -153,7 +153,10 @@ def test_max_group_one_is_the_same_graph():
 
 # ----------------------------------------------------------------------------- expansion
 @pytest.mark.parametrize("max_group", [2, 3, 4])
-@pytest.mark.parametrize("make", [lambda: chain(6), block_graph, lambda: synthetic("chain", 8)])
+@pytest.mark.parametrize(
+    "make",
+    [lambda: chain(6), block_graph, lambda: synthetic("chain", 8), lambda: _stateful_chain(6)],
+)
 def test_keep_all_expands_to_fine_keep_all(make, max_group):
     g = make()
     c = coarsen(g, max_group)
@@ -276,6 +279,21 @@ def _budgets(c, fracs):
     return [int(low + f * (peak - low)) for f in fracs]
 
 
+def _stateful_chain(n: int):
+    """A chain in the captured graphs' form: states on every other op (one larger than any
+    value), values kept for backward only where saved."""
+    cm = CopyModel(0.05, 1e6)
+    return training_graph(
+        f"statechain{n}",
+        [(i, i + 1) for i in range(n - 1)],
+        n,
+        [1000 + 500 * (i % 3) for i in range(n)],
+        {"a": [1.0 + 0.1 * i for i in range(n)], "b": [1.5 - 0.1 * i for i in range(n)]},
+        copy_models={("a", "b"): cm, ("b", "a"): cm},
+        state_bytes=[(3000 if i == 2 else 300) * (i % 2 == 0) for i in range(n)],
+    )
+
+
 @pytest.mark.parametrize(
     ("make", "devices", "max_group"),
     [
@@ -283,6 +301,9 @@ def _budgets(c, fracs):
         (lambda: synthetic("chain", 8), ("a", "b"), 2),
         (lambda: synthetic("residual", 8), ("a", "b"), 3),
         (block_graph, ("a", "b"), 3),
+        # autograd states become part of their group's value (read by the backward group)
+        (lambda: _stateful_chain(8), ("a",), 3),
+        (lambda: _stateful_chain(8), ("a", "b"), 2),
     ],
 )
 def test_coarse_optimum_expands_to_a_valid_fine_schedule_never_below_the_fine_optimum(
