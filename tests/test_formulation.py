@@ -22,26 +22,12 @@ def _single(g, dev, budget):
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_one_device_exact_and_paper_equal(seed):
-    g = random_graph(seed, devices=("a",))
-    peak = g.keep_all_peak_bytes()
-    low = int(g.node_lower_bound_bytes().max())
-    for frac in (1.0, 0.5, 0.0):
-        inst = _single(g, "a", low + frac * (peak - low))
-        ex = solve_xengine(inst, mode="exact", options=OPTS)
-        pa = solve_xengine(inst, mode="paper", options=OPTS)
-        assert ex.status == pa.status
-        if ex.status == "optimal":
-            assert ex.objective_s == pytest.approx(pa.objective_s, rel=1e-7)
-            assert agree(ex)
-
-
-@pytest.mark.parametrize("seed", range(8))
-def test_one_device_with_states_exact_paper_and_checkmate_agree(seed):
-    """On graphs with autograd states the one-device models equal each other and the
-    simulator, and no budget below keep-all is met by keeping every state to its backward."""
-    g = random_graph(seed, devices=("a",), states=True)
-    assert g.has_states and g.state_bytes.sum() > 0
+@pytest.mark.parametrize("states", [False, True], ids=["values", "states"])
+def test_one_device_exact_and_paper_equal(seed, states):
+    """One device: the exact and the published model have one optimum, the simulator's, on
+    graphs with and without autograd states."""
+    g = random_graph(seed, devices=("a",), states=states)
+    assert g.has_states == states and (g.state_bytes.sum() > 0) == states
     peak = g.keep_all_peak_bytes()
     low = int(g.node_lower_bound_bytes("a").max())
     for frac in (1.0, 0.5, 0.0):
@@ -52,7 +38,7 @@ def test_one_device_with_states_exact_paper_and_checkmate_agree(seed):
         if ex.status == "optimal":
             assert ex.objective_s == pytest.approx(pa.objective_s, rel=1e-7)
             assert agree(ex), (ex.objective_s, ex.sim.time_s, ex.model_peak_bytes)
-            assert ex.schedule.S_state is not None
+            assert (ex.schedule.S_state is not None) == states
 
 
 def test_states_can_be_dropped_and_made_again():
