@@ -1,6 +1,6 @@
 """resnet18, batch 4, 224 px, on the CPU: every strategy at 100 %, 70 % and the smallest
 feasible budget is executed for real and must give plain PyTorch's loss and gradients, with a
-measured activation peak within 10 % of the simulator's and within the budget's tolerance.
+measured activation peak within 1 % of the simulator's and within the budget's tolerance.
 
 Slow (several minutes on 2 cores): ``python -m pytest -m slow tests/test_end_to_end_resnet18.py``.
 """
@@ -64,7 +64,7 @@ def test_every_strategy_executes_like_pytorch(setup, level):
         for name, g_ref in ref.param_grads.items():
             torch.testing.assert_close(ex.param_grads[name], g_ref, rtol=1e-5, atol=1e-7)
         pred, meas = ex.predicted_peak_bytes["cpu"], ex.peak_bytes["cpu"]
-        assert abs(meas - pred) <= 0.10 * pred, (res.strategy, pred, meas)
+        assert abs(meas - pred) <= 0.01 * pred + 8 * 1024, (res.strategy, pred, meas)
         assert meas <= inst.budget_bytes[0] + ex.tolerance_bytes["cpu"], (res.strategy, meas)
         assert ex.within_budget
         executed.append(res.strategy)

@@ -51,14 +51,14 @@ def _artifacts(client: MlflowClient, run_id: str, path: str = "") -> set[str]:
 
 
 def _check_peaks(m: dict[str, float], label: str, devices: tuple[str, ...]) -> None:
-    """Per device: measured peak within 10 % of predicted, and not above the budget by more
-    than the executor's stated tolerance."""
+    """Per device: measured peak within 1 % (+ 8 KiB for dropout's random-state snapshot) of
+    predicted, and not above the budget by more than the executor's stated tolerance."""
     for d in devices:
         suffix = f".{d}" if len(devices) > 1 else ""
         pred = m[f"{label}/predicted_peak_mib{suffix}"]
         meas = m[f"{label}/measured_peak_mib{suffix}"]
         budget = m[f"{label}/budget_mib{suffix}"]
-        assert abs(meas - pred) <= 0.10 * pred + 1e-6, (label, d, meas, pred)
+        assert abs(meas - pred) <= 0.01 * pred + 8 / 1024, (label, d, meas, pred)
         tol = max(TOLERANCE_MIN_BYTES / MIB, TOLERANCE_FRACTION * min(budget, pred))
         assert meas <= budget + tol, (label, d, meas, budget)
 
@@ -413,12 +413,12 @@ def test_tiny_net_on_cpu_and_cuda(tmp_path, store):
 # --------------------------------------------------------------------------- resnet18
 @pytest.mark.slow
 def test_resnet18_on_two_cpu_sub_devices(tmp_path, store):
-    """resnet18 batch 4 on cpu2+cpu1, 45 % of the keep-everything peak on each (each device
-    alone gets 90 %): every schedule gives plain PyTorch's loss and gradients, each device's
-    measured peak is within 10 % of the prediction, the gain is recorded, and XEngine's
-    schedule computes on both devices.
+    """resnet18 batch 4 on cpu2+cpu1, 50 % of the keep-everything peak on each (resnet18 b4
+    needs 48.7 %: its largest op; each device alone gets 100 %): every schedule gives plain
+    PyTorch's loss and gradients, each device's measured peak is the prediction, the gain is
+    recorded, and XEngine's schedule computes on both devices.
 
-    Neither one-device schedule with the total memory fits 45 % of one device, so XEngine's
+    Neither one-device schedule with the total memory fits 50 % of one device, so XEngine's
     start comes from :mod:`xengine.distribute` (a placement of those schedules over both
     devices, then the model restricted to it); before that start existed, HiGHS kept a
     one-device schedule (gap 64.5 % after 600 s)."""
@@ -427,7 +427,7 @@ def test_resnet18_on_two_cpu_sub_devices(tmp_path, store):
         "net=resnet18",
         "net.batch_size=4",
         "devices=cpu2+cpu1",
-        "mem=45%",
+        "mem=50%",
         "strategy=[checkmate]",
         "solver.time_limit_s=120",
         "n_steps=1",
