@@ -115,10 +115,14 @@ def plot(rows: list[dict], path: Path) -> None:
     w = 0.8 / len(series)
     for k, (key, label) in enumerate(series):
         vals = [
-            float(r[f"{key}_mib"]) / float(r["plain_peak_mib"]) if f"{key}_mib" in r else np.nan
+            float(r[f"{key}_mib"]) / float(r["plain_peak_mib"]) if r.get(f"{key}_mib") else np.nan
             for r in rows
         ]
-        ax.bar(x + (k - len(series) / 2 + 0.5) * w, vals, w, label=label)
+        pos = x + (k - len(series) / 2 + 0.5) * w
+        ax.bar(pos, vals, w, label=label)
+        for p, v in zip(pos, vals, strict=True):
+            if np.isnan(v):  # no schedule fits that budget
+                ax.text(p, 0.02, "no schedule fits", rotation=90, fontsize=7, ha="center")
     for frac in FRACTIONS:
         ax.axhline(frac, color="grey", ls="--", lw=0.8)
     ax.axhline(1.0, color="black", lw=0.8)
@@ -139,8 +143,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--image-size", type=int, default=224)
     ap.add_argument("--time-limit-s", type=float, default=120.0, help="per Checkmate solve")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "memory_fidelity")
+    ap.add_argument("--replot", action="store_true", help="redraw the figure from the CSV")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.replot:
+        rows = list(csv.DictReader((args.out / "memory_fidelity.csv").open()))
+        plot(rows, args.out / "memory_fidelity.png")
+        return 0
     rows = []
     for net in args.nets.split(","):
         rows.append(measure_net(net, args.batch_size, args.image_size, args.time_limit_s))
