@@ -226,6 +226,10 @@ def test_version_2_round_trip_keeps_states_and_workspaces(tmp_path):
         (lambda d: d["links"][2].update(kind="grad"), "links[2].kind"),
         (lambda d: d.update(version=1), "links[2].kind"),  # version 1 has no state links
         (lambda d: d["nodes"][2].update(fwd_index=2), "fwd_index must name a forward node"),
+        (
+            lambda d: d["nodes"].append(_node(3, kind="bwd", fwd_index=0)),
+            "'n0' has two backward twins, 'n2' and 'n3'",
+        ),
         (lambda d: d["nodes"][1].update(state_bytes=4), "only a forward op has an autograd"),
         (
             lambda d: d["nodes"][2].update(device_workspace_bytes={"cpu": -3}),

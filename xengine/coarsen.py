@@ -212,6 +212,7 @@ def coarsen(graph: Graph, max_group: int = 3) -> Coarsening:
     ext = _external(graph, group_of)
 
     nodes = []
+    twins: set[int | None] = set()
     for members in groups:
         fine_nodes = [graph.nodes[i] for i in members]
         first = fine_nodes[0]
@@ -237,6 +238,9 @@ def coarsen(graph: Graph, max_group: int = 3) -> Coarsening:
         fwd_index = None
         if first.kind == "bwd" and first.fwd_index is not None:
             fwd_index = int(group_of[first.fwd_index])
+            if fwd_index in twins:  # groupings differ: a forward group has one backward twin
+                fwd_index = None
+            twins.add(fwd_index)
         nodes.append(
             Node(
                 "+".join(v.name for v in fine_nodes),

@@ -150,8 +150,9 @@ class Graph:
         self._check_states()
 
     def _check_states(self) -> None:
-        """``fwd_index`` names a forward node; a state edge joins ``F_v`` to its own ``B_v``,
-        once; only such an ``F_v`` has state bytes."""
+        """``fwd_index`` names a forward node, whose only backward twin it is; a state edge
+        joins ``F_v`` to its own ``B_v``, once; only such an ``F_v`` has state bytes."""
+        twin: dict[int, str] = {}
         for v in self.nodes:
             f = v.fwd_index
             if f is not None and (
@@ -160,6 +161,11 @@ class Graph:
                 raise GraphError(
                     f"graph {self.name!r}: node {v.name!r}: fwd_index must name a forward node "
                     "and only a backward node has one"
+                )
+            if f is not None and twin.setdefault(f, v.name) != v.name:
+                raise GraphError(
+                    f"graph {self.name!r}: {self.nodes[f].name!r} has two backward twins, "
+                    f"{twin[f]!r} and {v.name!r}"
                 )
         has_edge: set[int] = set()
         reads: set[int] = set()
