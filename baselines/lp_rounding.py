@@ -75,7 +75,9 @@ def to_cvxpy(model: MilpModel):
 
 
 def solve_lp(model: MilpModel, time_limit_s: float | None = None, verbose: bool = False):
-    """Solve the relaxation with HiGHS through cvxpy: ``(status, x, objective, seconds)``.
+    """Solve the relaxation with HiGHS through cvxpy: ``(status, x, objective, seconds,
+    solver's word)``, status ``optimal``, ``infeasible``, ``limit`` (stopped by its time limit:
+    no verdict, not an error) or ``error``.
 
     Never switches to another cvxpy solver: without HiGHS it raises :class:`SolverUnavailable`.
     """
@@ -99,6 +101,8 @@ def solve_lp(model: MilpModel, time_limit_s: float | None = None, verbose: bool 
         return "optimal", np.asarray(x.value, dtype=float), float(prob.value), dt, st
     if st in (cp.INFEASIBLE, cp.INFEASIBLE_INACCURATE):
         return "infeasible", None, None, dt, st
+    if st == cp.USER_LIMIT:
+        return "limit", None, None, dt, st
     return "error", None, None, dt, st
 
 
@@ -156,7 +160,9 @@ def solve_lp_rounding(
                     strategy="lp_rounding",
                     devices=inst.devices,
                     budget_bytes=inst.budget_bytes,
-                    status="infeasible" if status == "infeasible" else "error",
+                    status={"infeasible": "infeasible", "limit": "no_solution"}.get(
+                        status, "error"
+                    ),
                     solver="cvxpy:HIGHS",
                     solve_time_s=lp_s,
                     build_time_s=build_s,
@@ -164,12 +170,13 @@ def solve_lp_rounding(
                     n_rows=n_rows,
                     extra=extra,
                 )
-                res.message = (
-                    f"the LP relaxation is infeasible, so no schedule of {g.name!r} fits "
-                    f"{budget} bytes: " + budget_range_message(g)
-                    if status == "infeasible"
-                    else f"the LP relaxation failed: {msg}"
-                )
+                res.message = {
+                    "infeasible": f"the LP relaxation is infeasible, so no schedule of "
+                    f"{g.name!r} fits {budget} bytes: " + budget_range_message(g),
+                    "limit": f"the LP relaxation reached its time limit ({options.time_limit_s:g}"
+                    " s) before an optimum, so there is nothing to round; a larger "
+                    "solver.time_limit_s gives it time",
+                }.get(status, f"the LP relaxation failed: {msg}")
                 return res
             bound_s = form.objective_s(x)
         if status != "optimal":

@@ -549,3 +549,16 @@ def test_lp_rounding_never_switches_solver(monkeypatch):
     monkeypatch.setattr(cp, "installed_solvers", lambda: ["CLARABEL", "SCS"])
     with pytest.raises(SolverUnavailable, match="HiGHS"):
         solve_lp_rounding(_inst(chain(2), 10**6))
+
+
+@pytest.mark.filterwarnings("ignore:Solution may be inaccurate")
+def test_lp_rounding_stopped_by_its_time_limit_is_no_solution_not_an_error():
+    """A limit is not an error: the LP stopped by a real (tiny) time limit gives no_solution
+    and a message that names the limit."""
+    g = chain(40)
+    res = solve_lp_rounding(
+        _inst(g, int(0.6 * g.keep_all_peak_bytes())), options=SolverOptions(time_limit_s=1e-4)
+    )
+    assert res.extra["lp"][0]["status"] == "limit"
+    assert res.status == "no_solution" and res.schedule is None
+    assert "time limit (0.0001 s)" in res.message
