@@ -16,7 +16,12 @@ import time
 import numpy as np
 
 from baselines.common import device_name, schedule_from_checkpoints, solve_r_opt
-from baselines.heuristics import best_fitting, require_one_device, run_heuristics
+from baselines.heuristics import (
+    best_fitting,
+    keep_all_if_it_fits,
+    require_one_device,
+    run_heuristics,
+)
 from xengine.formulation import build
 from xengine.graph.types import Graph
 from xengine.problem import Instance
@@ -99,6 +104,10 @@ def solve_checkmate(
             solver=solver,
             message=f"no schedule of {g.name!r} fits {budget} bytes: " + budget_range_message(g),
         )
+
+    answer = keep_all_if_it_fits(inst, "checkmate", solver)
+    if answer is not None:  # nothing to solve
+        return answer
 
     t_heur = time.perf_counter()
     heur = run_heuristics(inst)

@@ -36,7 +36,7 @@ from baselines.common import (
 from xengine.graph.types import Graph
 from xengine.problem import Instance
 from xengine.result import StrategyResult
-from xengine.schedule import Schedule
+from xengine.schedule import Schedule, keep_all_schedule
 from xengine.simulate import Simulation, simulate
 
 GREEDY_SWEEP = np.arange(300) / 100.0
@@ -84,6 +84,27 @@ def evaluate(
         message="" if fits else over_budget_message(sim, budget),
         extra=dict(extra or {}),
     )
+
+
+def keep_all_if_it_fits(inst: Instance, strategy: str, solver: str | None = None):
+    """The answer without a solver when the device's budget holds keep-everything.
+
+    Keep-everything runs every op exactly once, and every schedule runs every op at least
+    once (the frontier), so with non-negative costs nothing is faster: the result is
+    ``optimal`` with a zero gap and a note that says why. ``None`` when it does not fit."""
+    t0 = time.perf_counter()
+    sched = keep_all_schedule(inst)
+    sim = simulate(inst, sched, check_budget=False)
+    if not sim.within_budget or (inst.compute_s < 0).any():
+        return None
+    res = evaluate(inst, strategy, sched, t0, sim=sim, extra={"nothing_to_solve": True})
+    res.status, res.solver, res.gap = "optimal", solver, 0.0
+    res.objective_s = res.best_bound_s = sim.time_s
+    res.message = (
+        f"the budget holds the keep-everything schedule (peak {int(sim.peak_bytes[0])} "
+        "bytes), which runs every op once, the least any schedule can: no solver run"
+    )
+    return res
 
 
 def checkpoint_candidates(inst_or_graph) -> list[int]:

@@ -19,7 +19,12 @@ import numpy as np
 
 from baselines.checkmate import budget_range_message
 from baselines.common import solve_r_opt
-from baselines.heuristics import evaluate, over_budget_message, require_one_device
+from baselines.heuristics import (
+    evaluate,
+    keep_all_if_it_fits,
+    over_budget_message,
+    require_one_device,
+)
 from xengine.formulation import build
 from xengine.problem import Instance
 from xengine.result import StrategyResult
@@ -142,6 +147,9 @@ def solve_lp_rounding(
             solve_time_s=time.perf_counter() - t0,
             message=f"no schedule of {g.name!r} fits {budget} bytes: " + budget_range_message(g),
         )
+    answer = keep_all_if_it_fits(inst, "lp_rounding", "cvxpy:HIGHS")
+    if answer is not None:  # nothing to relax or round
+        return answer
     bound_s = None
     candidates: dict[bytes, tuple[str, np.ndarray]] = {}
     build_s = 0.0

@@ -28,6 +28,7 @@ from xengine.graph.synthetic import chain, linear_graph, training_graph
 from xengine.problem import Instance
 from xengine.schedule import Schedule, keep_all_schedule
 from xengine.simulate import ScheduleError, simulate
+from xengine.solve import agree, solve_xengine
 from xengine.solvers import SolverOptions, SolverUnavailable
 
 OPTS = SolverOptions(time_limit_s=60, rel_gap=1e-9)
@@ -410,6 +411,15 @@ def test_checkmate_agrees_with_simulator_and_beats_heuristics(g, budgets):
         inst = _inst(g, b)
         res = solve_checkmate(inst, options=OPTS)
         assert res.status == "optimal", res.message
+        if b >= g.keep_all_peak_bytes():
+            # nothing to solve: keep-everything without a solver, and the MILP agrees
+            assert res.extra.get("nothing_to_solve") and res.gap == 0.0
+            assert res.sim.n_recomputes == 0
+            assert res.sim.time_s == pytest.approx(float(inst.compute_s.sum()))
+            milp = solve_xengine(inst, options=OPTS)
+            assert milp.status == "optimal" and agree(milp)
+            assert milp.objective_s == pytest.approx(res.sim.time_s, rel=1e-9)
+            continue
         raw_sim = res.extra["raw_sim"]
         # the model's figures are the simulator's for the solver's own schedule
         assert res.objective_s == pytest.approx(raw_sim.time_s, rel=1e-9)
@@ -424,9 +434,6 @@ def test_checkmate_agrees_with_simulator_and_beats_heuristics(g, budgets):
                 n_fit += 1
                 assert res.sim.time_s <= h.sim.time_s + 1e-9, h.strategy
         assert n_fit >= 1
-        if b >= g.keep_all_peak_bytes():
-            assert res.sim.n_recomputes == 0
-            assert res.sim.time_s == pytest.approx(float(inst.compute_s.sum()))
 
 
 def test_checkmate_discards_a_solution_that_is_not_what_the_solver_says(monkeypatch):
@@ -521,7 +528,7 @@ def test_lp_rounding_bounds_and_validity(g):
         assert opt.status == "optimal"
         assert lp.best_bound_s <= opt.objective_s * (1 + 1e-6) + 1e-9
         simulate(inst, lp.schedule, check_budget=False)
-        if lp.status == "feasible":
+        if lp.status in ("feasible", "optimal"):  # optimal: keep-all fits, no LP
             n_feasible += 1
             assert _peak(lp.sim) <= b
             assert lp.sim.time_s >= lp.best_bound_s * (1 - 1e-6) - 1e-9
@@ -533,22 +540,26 @@ def test_lp_rounding_bounds_and_validity(g):
     assert n_feasible >= 1
 
 
-def test_lp_rounding_is_reproducible_and_exact_at_the_keep_all_budget():
+def test_lp_rounding_is_reproducible_and_answers_the_keep_all_budget_without_an_lp():
     g = chain(8)
-    inst = _inst(g, g.keep_all_peak_bytes())
-    a, b = solve_lp_rounding(inst, seed=3), solve_lp_rounding(inst, seed=3)
-    assert a.status == b.status == "feasible"
+    mid = _budgets(g, ("mid",))[0]
+    a, b = solve_lp_rounding(_inst(g, mid), seed=3), solve_lp_rounding(_inst(g, mid), seed=3)
+    assert a.status == b.status and a.extra["lp"]
     assert (a.schedule.S == b.schedule.S).all()
-    # with room for everything the LP is integral: the bound is met
-    assert a.sim.time_s == pytest.approx(a.best_bound_s, rel=1e-6)
+    # with room for everything there is nothing to relax: keep-everything, proven optimal
+    full = solve_lp_rounding(_inst(g, g.keep_all_peak_bytes()), seed=3)
+    assert full.status == "optimal" and full.extra["nothing_to_solve"] and "lp" not in full.extra
+    assert full.sim.time_s == pytest.approx(full.best_bound_s, rel=1e-9)
+    assert full.sim.n_recomputes == 0
 
 
 def test_lp_rounding_never_switches_solver(monkeypatch):
     import cvxpy as cp
 
     monkeypatch.setattr(cp, "installed_solvers", lambda: ["CLARABEL", "SCS"])
+    g = chain(4)
     with pytest.raises(SolverUnavailable, match="HiGHS"):
-        solve_lp_rounding(_inst(chain(2), 10**6))
+        solve_lp_rounding(_inst(g, _budgets(g, ("mid",))[0]))
 
 
 @pytest.mark.filterwarnings("ignore:Solution may be inaccurate")
