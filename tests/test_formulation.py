@@ -340,3 +340,25 @@ def test_breaking_the_symmetry_of_twins_keeps_the_optimum(seed):
             assert broken.objective_s == pytest.approx(plain.objective_s, rel=1e-7)
             assert broken.schedule.R[0, 0, 0]  # the first device starts
             assert agree(broken)
+
+
+def test_a_start_that_meets_the_placement_bound_ends_the_solve_at_once():
+    """Memory to spare and one device faster at every op: keep-everything there is optimal,
+    the placement bound proves it without a solve, and the full model agrees."""
+    cm = copy_models(("a", "b"), latency_s=0.05, bandwidth=1e6)
+    base = random_graph(2, devices=("a",), states=True)
+    g = base.with_costs({"b": {v.name: 2.0 * v.cost_s["a"] + 0.1 for v in base.nodes}}, cm)
+    inst = Instance(g, ("a", "b"), (10**9, 10**9))
+    start = keep_all_schedule(inst, device=0)
+    res = solve_xengine(inst, warm_start=start, options=OPTS)
+    assert res.status == "optimal" and res.extra["nothing_to_solve"] and res.gap == 0.0
+    assert res.n_vars is None  # no model was built
+    cold = solve_xengine(inst, options=OPTS)
+    assert cold.status == "optimal"
+    assert cold.objective_s == pytest.approx(res.sim.time_s, rel=1e-9)
+    # a start that is not optimal is solved as before
+    slow = keep_all_schedule(inst, device=1)
+    res2 = solve_xengine(inst, warm_start=slow, options=OPTS)
+    assert "nothing_to_solve" not in res2.extra and res2.objective_s == pytest.approx(
+        cold.objective_s, rel=1e-9
+    )

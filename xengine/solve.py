@@ -86,6 +86,10 @@ def solve_xengine(
     or ``lp_bound="alongside"``, which computes it in another process during the search).
     """
     options = options or SolverOptions()
+    if warm_start is not None and placement is None:
+        done = _start_meets_bound(inst, warm_start, solver, options, strategy)
+        if done is not None:  # nothing to solve
+            return done
     if mode == "intervals":
         return _solve_intervals(
             inst, solver, options, warm_start, strategy, build_options, placement
@@ -158,6 +162,45 @@ def solve_xengine(
     check_with_simulator(
         res, inst, form.schedule_from(sr.x), "solver", mode == "exact", time.perf_counter() - t0
     )
+    return res
+
+
+def _start_meets_bound(
+    inst: Instance, start: Schedule, solver: str, options: SolverOptions, strategy: str
+) -> StrategyResult | None:
+    """The start, proven optimal without a solve, when its simulated time meets the placement
+    bound (:func:`xengine.bounds.placement_bound_s`, a fraction of a second) within the
+    relative gap: with memory to spare the keep-everything schedule on the fastest device
+    often does. ``None`` otherwise (or when the start does not fit)."""
+    from xengine.bounds import placement_bound_s
+
+    t0 = time.perf_counter()
+    try:
+        sim = simulate(inst, start, check_budget=False)
+    except ScheduleError:
+        return None
+    if not sim.within_budget:
+        return None
+    bound = placement_bound_s(inst, options)
+    if bound is None or sim.time_s > bound * (1 + options.rel_gap) + 1e-12:
+        return None
+    res = StrategyResult(
+        strategy=strategy,
+        devices=inst.devices,
+        budget_bytes=inst.budget_bytes,
+        status="optimal",
+        schedule=start,
+        sim=sim,
+        solver=solver,
+        solve_time_s=time.perf_counter() - t0,
+        objective_s=sim.time_s,
+        best_bound_s=min(bound, sim.time_s),
+        message="the start meets the placement bound (no memory limit can make a schedule "
+        "faster than that): no solver run",
+        extra={"nothing_to_solve": True, "placement_bound_s": bound},
+    )
+    res.gap = relative_gap(sim.time_s, res.best_bound_s)
+    log.info("%s: %s (%.6g s)", strategy, res.message, sim.time_s)
     return res
 
 
