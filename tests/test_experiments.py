@@ -348,7 +348,7 @@ def test_submitit_local_two_point_solve_only_sweep(tmp_path, uri):
         "net=tiny",
         "execute=false",
         "strategy=[checkmate,checkpoint_all]",
-        "mem=90%,70%",
+        "mem=90%,80%",  # tiny b2 needs 75.4 % of keep-all (its largest op)
         "profile.progress=false",
         "profile.repeats=1",
         "profile.warmup=0",
@@ -363,7 +363,7 @@ def test_submitit_local_two_point_solve_only_sweep(tmp_path, uri):
     assert len(points) == 2, [r.data.tags for r in runs]
     assert {r.info.status for r in points} == {"FINISHED"}
     assert {r.data.tags.get("xe.status") for r in points} == {"ok"}
-    assert sorted(r.data.params["mem"] for r in points) == ["70%", "90%"]
+    assert sorted(r.data.params["mem"] for r in points) == ["80%", "90%"]
     assert {r.data.tags["xe.job_num"] for r in points} == {"0", "1"}
     from mlflow.entities import ViewType
 
