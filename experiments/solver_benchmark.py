@@ -467,6 +467,9 @@ def run_one(
             row["note"] = note if ok else f"BUG: coarse model {cobj:.9g} vs simulator {csim:.9g}"
         if res.status == "error":  # the expansion was refused by the fine simulator
             row["note"] = f"BUG: {res.message[:200]}"
+    elif res.sim is not None and res.extra.get("nothing_to_solve"):
+        # the start met the placement bound: no model was built, nothing to hold to it
+        row["note"] = res.message[:200]
     elif res.sim is not None:
         ok = agree(res)
         row["agree"] = ok
