@@ -116,20 +116,22 @@ def minimal_state_residency(graph, R: np.ndarray) -> np.ndarray:
     R = np.asarray(R, dtype=bool)
     D, T, n = R.shape
     A = np.zeros((D, T, n), dtype=bool)
-    for v, b in enumerate(graph.state_reader.tolist()):
-        if b < 0:
-            continue
-        for d in range(D):
-            rv, rb = R[d, :, v], R[d, :, b]
-            if not rb.any():
-                continue
-            need = np.zeros(T, dtype=bool)  # needed when stage t starts
-            later = False
-            for t in range(T - 1, -1, -1):
-                later = False if rv[t] else (bool(rb[t]) or later)
-                need[t] = later
-            made = np.concatenate([[False], np.cumsum(rv)[:-1] > 0])  # computed before t
-            A[d, :, v] = need & made
+    readers = graph.state_reader
+    vs = np.flatnonzero(readers >= 0)
+    if not vs.size:
+        return A
+    stage = np.arange(T)[:, None]
+
+    def next_stage(mask: np.ndarray) -> np.ndarray:  # (T, k): first stage >= t with mask
+        return np.minimum.accumulate(np.where(mask, stage, T)[::-1], axis=0)[::-1]
+
+    for d in range(D):
+        rv, rb = R[d][:, vs], R[d][:, readers[vs]]
+        # needed when stage t starts: a B_v comes (at t or later) before F_v runs again
+        # there (a computation in B_v's own stage runs first and makes a new state)
+        need = next_stage(rb) < next_stage(rv)
+        made = (np.cumsum(rv, axis=0) - rv) > 0  # F_v ran there before stage t
+        A[d][:, vs] = need & made
     return A
 
 
