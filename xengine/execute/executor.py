@@ -44,15 +44,20 @@ import statistics
 import time
 import weakref
 from collections.abc import Sequence
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch._C._autograd import _pop_saved_tensors_default_hooks as _pop_saved_hooks
+from torch._C._autograd import _push_saved_tensors_default_hooks as _push_saved_hooks
+from torch.autograd.graph import GradientEdge
 
+from xengine.execute.program import Group, Plan, compile_plan
 from xengine.graph.capture import (
     CapturedModel,
     alias_leaf,
@@ -138,14 +143,20 @@ def _sync(devs: Sequence[DeviceSpec]) -> None:
 # ---------------------------------------------------------------------- saved tensors
 class _Saved:
     """What autograd keeps for one saved tensor: the tensor itself (a parameter, or an extra
-    that belongs to the op) or, for an input or the output, where to find it at backward time.
-    """
+    that belongs to the op and is dropped with its state) or, for an input or the output,
+    where to find it at backward time (``node``'s register on ``device``).
 
-    __slots__ = ("tensor", "rt", "device", "node", "size", "stride", "delta")
+    While a fused backward group runs, each unpack is reported to the runtime: the last
+    unpack of a value the schedule frees inside the group frees its register, and an extra
+    whose state is freed there is dropped once read (:meth:`_Runtime.run_group`)."""
+
+    __slots__ = ("tensor", "rt", "device", "node", "size", "stride", "delta", "owner")
 
     def __init__(self, t: torch.Tensor) -> None:
         self.tensor: torch.Tensor | None = t
         self.rt = None
+        self.node = -1
+        self.owner = -1
 
     def to_lookup(self, rt: _Runtime, device: str, node: int, base: torch.Tensor) -> None:
         t = self.tensor
@@ -155,14 +166,25 @@ class _Saved:
         self.rt, self.device, self.node = weakref.ref(rt), device, node
         self.tensor = None
 
+    def to_extra(self, rt: _Runtime, owner: int) -> None:
+        self.rt, self.owner = weakref.ref(rt), owner
+
     def get(self) -> torch.Tensor:
-        if self.tensor is not None:
-            return self.tensor
         rt = self.rt() if self.rt is not None else None
+        t = self.tensor
+        if self.node < 0:  # the tensor itself
+            if t is None:
+                raise RuntimeError("executor: an autograd state was read after it was freed")
+            if rt is not None and rt.watch is not None:
+                rt.watch.extra_read(self)
+            return t
         if rt is None:
             raise RuntimeError("the executor that ran this op is gone")
         base = rt.fwd_tensor(self.device, self.node)
-        return base.detach().as_strided(self.size, self.stride, base.storage_offset() + self.delta)
+        out = base.detach().as_strided(self.size, self.stride, base.storage_offset() + self.delta)
+        if rt.watch is not None:
+            rt.watch.value_read(self.node)
+        return out
 
 
 def _pack_into(handles: list[_Saved]):
@@ -178,13 +200,24 @@ def _unpack(h: _Saved) -> torch.Tensor:
     return h.get()
 
 
-@dataclass
 class _State:
     """A forward op's autograd state: the gradient edge of its output (``None`` when the output
-    needs no gradient) and those of its inputs (their leaves are emptied)."""
+    needs no gradient), those of its leaf inputs (the leaves are emptied), and the saved
+    tensors its ``grad_fn`` reads: lookups into registers and extras it alone holds."""
 
-    out_edge: Any
-    edges: dict[int, Any] = field(default_factory=dict)
+    __slots__ = ("out_edge", "edges", "lookups", "extras")
+
+    def __init__(self, out_edge: Any) -> None:
+        self.out_edge = out_edge
+        self.edges: dict[int, Any] = {}
+        self.lookups: list[_Saved] = []
+        self.extras: list[_Saved] = []
+
+    def drop(self) -> None:
+        """Free what only this state holds (its ``grad_fn`` may outlive it: a consumer's
+        ``grad_fn`` links to it when the two are fused)."""
+        for h in self.extras:
+            h.tensor = None
 
 
 # ---------------------------------------------------------------------- the runtime
@@ -230,36 +263,60 @@ class _Runtime:
             for u in s.grad_inputs:
                 consumers[u].append(s.index)
         self.grad_consumers = consumers
+        self.grad_consumers_desc = {v: sorted(ws, reverse=True) for v, ws in consumers.items()}
+        self.grad_sets = [frozenset(s.grad_inputs) for s in self.ops]
+        self.hooks_accumulate = False
         self._roots_unique = list({id(r): r for r in self.roots.values()}.values())
         if self.train:
             for r in [cap.module, *self._roots_unique]:
                 for p in r.parameters():
                     if p.requires_grad and p.grad is None:
                         p.grad = torch.zeros_like(p)
+        unique = {id(p): p for r in [cap.module, *self._roots_unique] for p in r.parameters()}
+        self.grad_buffers = [p.grad for p in unique.values() if p.grad is not None]
         self.reset()
 
     # ---------------------------------------------------------------- step state
     def reset(self) -> None:
-        self.reg: dict[str, dict[int, Any]] = {d: {} for d in self.devices}
-        self.state: dict[str, dict[int, _State]] = {d: {} for d in self.devices}
+        n = self.g.size
+        self.reg: dict[str, list[Any]] = {d: [None] * n for d in self.devices}
+        self.state: dict[str, list[_State | None]] = {d: [None] * n for d in self.devices}
         self.transient: dict[str, dict[int, Any]] = {d: {} for d in self.devices}
         self.first_done: set[int] = set()
         self.rng_states: dict[int, torch.Tensor] = {}
         self.first_fwd_device: dict[int, str] = {}
         self.loss_value: torch.Tensor | None = None
+        self.watch: _Watch | None = None
 
     def zero_grads(self) -> None:
-        for r in [self.cap.module, *self._roots_unique]:
-            for p in r.parameters():
-                if p.grad is not None:
-                    p.grad.zero_()
+        for g in self.grad_buffers:
+            g.zero_()
 
     def live_count(self) -> int:
-        return sum(len(r) for r in self.reg.values()) + sum(len(r) for r in self.state.values())
+        regs = [*self.reg.values(), *self.state.values()]
+        return sum(1 for r in regs for x in r if x is not None)
+
+    @contextmanager
+    def accumulating_in_hooks(self):
+        """While active, a parameter's gradient is added to its ``.grad`` the moment autograd
+        produces it (a tensor hook), as a plain ``backward()`` does, instead of being returned
+        at the end of a fused backward call with all the others alive at once."""
+        handles = []
+        for r in self._roots_unique:
+            for p in r.parameters():
+                if p.requires_grad and p.grad is not None:
+                    handles.append(p.register_hook(_accumulate_into(p)))
+        self.hooks_accumulate = True
+        try:
+            yield
+        finally:
+            self.hooks_accumulate = False
+            for h in handles:
+                h.remove()
 
     # ---------------------------------------------------------------- lookups
     def provided(self, d: str, u: int) -> Any:
-        val = self.reg[d].get(u)
+        val = self.reg[d][u]
         if val is None:
             val = self.transient[d].get(u)
         if val is None:
@@ -287,7 +344,7 @@ class _Runtime:
 
     def copy(self, u: int, src: str, dst: str) -> None:
         self._set_threads(dst)
-        val = self.reg[src].get(u)
+        val = self.reg[src][u]
         if val is None:
             raise RuntimeError(f"executor: copy of node {u} from {src}, which does not hold it")
         if isinstance(val, dict):  # a tensor held under two keys is copied once
@@ -302,24 +359,34 @@ class _Runtime:
         self.transient[dst][u] = out
 
     def free(self, u: int, d: str) -> None:
-        if self.reg[d].pop(u, None) is None:
+        reg = self.reg[d]
+        if reg[u] is None:
             raise RuntimeError(f"executor: free of node {u} on {d}, which does not hold it")
+        reg[u] = None
 
     def free_state(self, v: int, d: str) -> None:
-        if self.state[d].pop(v, None) is None:
+        st = self.state[d]
+        state = st[v]
+        if state is None:
             raise RuntimeError(f"executor: free of the state of node {v} on {d}, which has none")
+        state.drop()
+        st[v] = None
 
-    def compute(self, v: int, d: str, first: bool | None = None) -> None:
+    def compute(
+        self, v: int, d: str, first: bool | None = None, connect: frozenset[int] = frozenset()
+    ) -> None:
         """Run node ``v`` on device ``d`` and keep its result in ``d``'s register.
 
         ``first`` (default: whether ``v`` already ran in this step) selects the first-run path
-        (parameter gradients, random state saved) or the side-effect-free recomputation."""
+        (parameter gradients, random state saved) or the side-effect-free recomputation.
+        ``connect``: inputs of a forward node read as the registers themselves, so that its
+        ``grad_fn`` links to theirs (their backward runs fused with this one's)."""
         if first is None:
             first = v not in self.first_done
         self._set_threads(d)
         kind = self.g.nodes[v].kind
         if kind == "fwd":
-            val, state = self._forward(v, d, first)
+            val, state = self._forward(v, d, first, connect)
             if state is not None and self.g.state_reader[v] >= 0:
                 self.state[d][v] = state
         elif kind == "loss":
@@ -328,10 +395,13 @@ class _Runtime:
             val = self._backward(v, d, first)
         self.reg[d][v] = val
         self.first_done.add(v)
-        self.transient[d].clear()
+        if self.transient[d]:
+            self.transient[d].clear()
 
     # ---------------------------------------------------------------- node runners
-    def _forward(self, v: int, d: str, first: bool) -> tuple[torch.Tensor, _State | None]:
+    def _forward(
+        self, v: int, d: str, first: bool, connect: frozenset[int] = frozenset()
+    ) -> tuple[torch.Tensor, _State | None]:
         spec = self.ops[v]
         dev = self.specs[d].torch_device
         ins = [self.fwd_tensor(d, u) for u in spec.inputs]
@@ -346,8 +416,11 @@ class _Runtime:
             if v == self.nf - 1 and first:
                 self.loss_value = _infer_loss(y, self.target[d])
             return y, None
-        grad_set = set(spec.grad_inputs)
-        leaves = [alias_leaf(t, u in grad_set) for t, u in zip(ins, spec.inputs, strict=True)]
+        grad_set = self.grad_sets[v]
+        leaves = [
+            t if u in connect else alias_leaf(t, u in grad_set)
+            for t, u in zip(ins, spec.inputs, strict=True)
+        ]
         handles: list[_Saved] = []
         restore_rng = None
         buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -363,16 +436,21 @@ class _Runtime:
             buffers = [(b, b.detach().clone()) for b in mod.buffers()]
         if first and spec.mutates_buffers:
             self.first_fwd_device[v] = d
+        grad_mode = nullcontext() if torch.is_grad_enabled() else torch.enable_grad()
+        in_ptrs = [t.untyped_storage().data_ptr() for t in ins]
+        fixed = self.fixed_ptrs[d]
         try:
-            with (
-                torch.enable_grad(),
-                torch.autograd.graph.saved_tensors_hooks(_pack_into(handles), _unpack),
-            ):
-                y = run(leaves, self.x[d])
-                if any(storage_ptr(y) == storage_ptr(t) for t in ins) or (
-                    storage_ptr(y) in self.fixed_ptrs[d]
-                ):
+            with grad_mode:
+                # what torch.autograd.graph.saved_tensors_hooks does, without its Python
+                _push_saved_hooks(_pack_into(handles), _unpack)
+                try:
+                    y = run(leaves, self.x[d])
+                finally:
+                    _pop_saved_hooks()
+                out_ptr = y.untyped_storage().data_ptr()
+                if out_ptr in in_ptrs or out_ptr in fixed:
                     y = y.clone()
+                    out_ptr = y.untyped_storage().data_ptr()
         finally:
             if restore_rng is not None:
                 _set_rng(dev, restore_rng)
@@ -381,31 +459,33 @@ class _Runtime:
                     for b, b0 in buffers:
                         b.copy_(b0)
         # saved tensors that alias an input or the output become lookups
-        in_ptrs = {storage_ptr(t): (u, t) for t, u in zip(ins, spec.inputs, strict=True)}
-        out_ptr = storage_ptr(y)
-        fixed = self.fixed_ptrs[d]
+        state = _State(GradientEdge(y.grad_fn, y.output_nr) if y.requires_grad else None)
         for h in handles:
             t = h.tensor
-            p = storage_ptr(t)
+            p = t.untyped_storage().data_ptr()
             if p == 0 or p in fixed:
                 continue
             if p in in_ptrs:
-                u, base = in_ptrs[p]
-                h.to_lookup(self, d, u, base)
+                k = in_ptrs.index(p)
+                h.to_lookup(self, d, spec.inputs[k], ins[k])
+                state.lookups.append(h)
             elif p == out_ptr:
                 h.to_lookup(self, d, v, y)
-            # else: an extra that belongs to this op; freed with its register
-        edges = {
-            u: torch.autograd.graph.get_gradient_edge(leaf)
-            for leaf, u in zip(leaves, spec.inputs, strict=True)
-            if leaf.requires_grad
-        }
-        with torch.no_grad():
-            for leaf in leaves:
-                leaf.set_()
-        del leaves, handles, ins
-        out_edge = torch.autograd.graph.get_gradient_edge(y) if y.requires_grad else None
-        return y.detach(), _State(out_edge, edges)
+                state.lookups.append(h)
+            else:  # an extra that belongs to this op; freed with its state
+                h.to_extra(self, v)
+                state.extras.append(h)
+        empty = [leaf for leaf, u in zip(leaves, spec.inputs, strict=True) if u not in connect]
+        if empty:
+            for leaf, u in zip(leaves, spec.inputs, strict=True):
+                if leaf.requires_grad and u not in connect:
+                    state.edges[u] = torch.autograd.graph.get_gradient_edge(leaf)
+            with torch.no_grad():
+                for leaf in empty:
+                    leaf.set_()
+        # the register keeps ``y`` with its grad_fn: a fused consumer links to it; what
+        # grad_fn holds beyond links is in ``state`` (lookups and extras)
+        return y, state
 
     def _loss(self, d: str, first: bool) -> torch.Tensor:
         logits = self.fwd_tensor(d, self.nf - 1)
@@ -417,32 +497,48 @@ class _Runtime:
             self.loss_value = loss.detach()
         return g
 
-    def _backward(self, b: int, d: str, first: bool) -> dict[int, torch.Tensor]:
+    def _state_for(self, b: int, d: str) -> tuple[int, _State]:
         v = self.g.nodes[b].fwd_index
         assert v is not None
-        spec = self.ops[v]
-        state = self.state[d].get(v)
+        state = self.state[d][v]
         if state is None:
             raise RuntimeError(
                 f"executor: {self.g.nodes[b].name} on {d} needs the autograd state of "
-                f"{spec.name}, which is not resident on {d}"
+                f"{self.ops[v].name}, which is not resident on {d}"
             )
-        if not spec.requires_grad or state.out_edge is None:
-            return {}
-        # consumers in reverse forward order: the order in which autograd's engine receives
-        # and sums them in a plain backward pass, so that sums of 3+ terms agree bit for bit
+        return v, state
+
+    def _contributions(self, v: int, d: str, skip: frozenset[int] = frozenset()) -> list:
+        """The gradient contributions to ``v``'s output held in registers (``skip``: consumers
+        whose contribution flows inside autograd), in reverse forward order: the order in which
+        autograd's engine receives and sums them in a plain backward pass, so that sums of 3+
+        terms agree bit for bit."""
         contrib: list[torch.Tensor] = []
-        for w in sorted(self.grad_consumers[v], reverse=True):
-            contrib.append(self.provided(d, 2 * self.nf - w)[v])
+        for w in self.grad_consumers_desc[v]:
+            if w not in skip:
+                contrib.append(self.provided(d, 2 * self.nf - w)[v])
         if v == self.nf - 1:
             contrib.append(self.provided(d, self.nf))
-        if not contrib:
-            raise RuntimeError(f"executor: no gradient reaches {spec.name}")
+        return contrib
+
+    @staticmethod
+    def _summed(contrib: list[torch.Tensor]) -> torch.Tensor:
         grad_out = contrib[0]
         if len(contrib) > 1:
             grad_out = contrib[0] + contrib[1]
             for c in contrib[2:]:
                 grad_out.add_(c)
+        return grad_out
+
+    def _backward(self, b: int, d: str, first: bool) -> dict[int, torch.Tensor]:
+        v, state = self._state_for(b, d)
+        spec = self.ops[v]
+        if not spec.requires_grad or state.out_edge is None:
+            return {}
+        contrib = self._contributions(v, d)
+        if not contrib:
+            raise RuntimeError(f"executor: no gradient reaches {spec.name}")
+        grad_out = self._summed(contrib)
         inputs = [state.edges[u] for u in spec.grad_inputs]
         params = [self.params[d][n] for n in spec.param_names] if first else []
         if not inputs and not params:
@@ -451,14 +547,23 @@ class _Runtime:
             [state.out_edge], inputs + params, [grad_out], retain_graph=True, allow_unused=True
         )
         k = len(inputs)
-        with torch.no_grad():
-            for p, gp in zip(params, grads[k:], strict=True):
-                if gp is not None:
-                    p.grad.add_(gp)
+        if not self.hooks_accumulate:
+            with torch.no_grad():
+                for p, gp in zip(params, grads[k:], strict=True):
+                    if gp is not None:
+                        p.grad.add_(gp)
         out: dict[int, torch.Tensor] = {}
         seen = {storage_ptr(c) for c in contrib}
-        same: dict[tuple, torch.Tensor] = {}  # one gradient handed to several inputs
-        for u, gu in zip(spec.grad_inputs, grads[:k], strict=True):
+        self._store_gradients(spec, spec.grad_inputs, grads[:k], d, seen, out)
+        return out
+
+    def _store_gradients(self, spec, us, grads, d: str, seen: set[int], out: dict) -> None:
+        """Put the gradients ``B_v`` hands to ``us`` into ``out``: a missing one as zeros, one
+        gradient handed to several inputs once (as autograd stores it, as the graph counts
+        it), and a copy where it would share storage with another node's (every node owns
+        its output)."""
+        same: dict[tuple, torch.Tensor] = {}
+        for u, gu in zip(us, grads, strict=True):
             if gu is None:
                 spec_u = self.ops[u]
                 gu = torch.zeros(
@@ -469,14 +574,192 @@ class _Runtime:
             else:
                 key = gradient_key(gu)
                 if key in same:
-                    out[u] = same[key]  # the graph counts it once, as autograd stores it
+                    out[u] = same[key]
                     continue
                 if storage_ptr(gu) in seen:
-                    gu = gu.clone()  # every node owns its output
+                    gu = gu.clone()
                 same[key] = gu
             seen.add(storage_ptr(gu))
             out[u] = gu
-        return out
+
+    # ---------------------------------------------------------------- fused backward
+    def run_group(self, grp: GroupProgram) -> None:
+        """Run a group of backward computes (``program.Group``) as one autograd pass.
+
+        Roots are the computes whose gradient comes from registers; gradients along internal
+        edges pass inside autograd; the others are captured at their leaves and become the
+        registers the schedule expects. The frees the schedule places after a compute happen
+        when autograd has run it (a hook on its ``grad_fn``), a value read inside the pass at
+        its last unpack, an extra of a state freed in the group when it is read; whatever
+        autograd did not reach is freed after the pass."""
+        d = grp.device
+        self._set_threads(d)
+        inputs, outs, params, states = [], [], [], []
+        seen: set[int] = set()
+        root_grad = None
+        for k, c in enumerate(grp.computes):
+            v, state = self._state_for(c.node, d)
+            states.append(state)
+            contrib = self._contributions(v, d, c.internal)
+            if k == 0:
+                if not contrib:
+                    raise RuntimeError(f"executor: no gradient reaches {self.ops[v].name}")
+                root_grad = self._summed(contrib)
+                seen.update(storage_ptr(t) for t in contrib)
+            elif contrib:
+                raise RuntimeError(f"executor: {self.ops[v].name} is fused but reads a register")
+            for u in c.materialize:
+                inputs.append(state.edges[u])
+            outs.append((c, len(inputs) - len(c.materialize)))
+            params += [self.params[d][n] for n in self.ops[v].param_names]
+            self.first_done.add(c.node)
+        root = states[0].out_edge
+        # autograd's root node would hold the root gradient for the whole pass: it gets a
+        # stand-in, and a pre-hook hands the real one over when the first node runs
+        feed = [root_grad]
+
+        def hand_over(grad_outputs):
+            out = list(grad_outputs)
+            out[root.output_nr] = feed.pop()
+            return tuple(out)
+
+        stand_in = root_grad.new_zeros(()).expand(root_grad.shape)
+        del root_grad
+        watch = _Watch(self, grp, states)
+        hooks = [root.node.register_prehook(hand_over)]
+        hooks += [s.out_edge.node.register_hook(watch.after(k)) for k, s in enumerate(states)]
+        grads: tuple = ()
+        self.watch = watch
+        try:
+            if inputs or params:
+                grads = torch.autograd.grad([root], inputs + params, [stand_in], allow_unused=True)
+        finally:
+            self.watch = None
+            for h in hooks:
+                h.remove()
+            feed.clear()
+        if not self.hooks_accumulate:
+            with torch.no_grad():
+                for p, gp in zip(params, grads[len(inputs) :], strict=True):
+                    if gp is not None:
+                        p.grad.add_(gp)
+        for c, k in outs:
+            out: dict[int, torch.Tensor] = {}
+            gs = grads[k : k + len(c.materialize)] if grads else (None,) * len(c.materialize)
+            self._store_gradients(self.ops[c.fwd], c.materialize, gs, d, seen, out)
+            self.reg[d][c.node] = out
+        watch.finish()
+
+
+@dataclass(frozen=True)
+class ComputeInGroup:
+    node: int  # B_v
+    fwd: int  # v
+    internal: frozenset[int]  # consumers w whose gradient to v flows inside autograd
+    materialize: tuple[int, ...]  # inputs u of v whose gradient becomes a register
+    after: tuple[tuple[str, int, str], ...]  # the schedule's frees after it: (kind, node, dev)
+
+
+@dataclass(frozen=True)
+class GroupProgram:
+    """A ``program.Group`` resolved for the runtime."""
+
+    device: str
+    computes: tuple[ComputeInGroup, ...]
+    own: frozenset[int]  # the group's backward nodes (their registers exist after the pass)
+
+
+class _Watch:
+    """The schedule's frees inside a fused group, done as autograd reaches them."""
+
+    def __init__(self, rt: _Runtime, grp: GroupProgram, states: list[_State]) -> None:
+        self.rt, self.grp = rt, grp
+        self.done = [False] * len(grp.computes)
+        self.deferred: list[tuple[str, int, str]] = []
+        freed_here = {
+            node
+            for c in grp.computes
+            for kind, node, dev in c.after
+            if kind == "free" and dev == grp.device
+        }
+        self.left: dict[int, int] = {}  # value -> unpacks by the group's states still to come
+        for s in states:
+            for h in s.lookups:
+                if h.node in freed_here:
+                    self.left[h.node] = self.left.get(h.node, 0) + 1
+        fwds = {c.fwd for c in grp.computes}
+        self.drop_extras = frozenset(
+            node
+            for c in grp.computes
+            for kind, node, dev in c.after
+            if kind == "free_state" and dev == grp.device and node in fwds
+        )
+
+    def value_read(self, u: int) -> None:
+        n = self.left.get(u)
+        if n is None:
+            return
+        if n > 1:
+            self.left[u] = n - 1
+            return
+        self.left[u] = 0
+        self.rt.free(u, self.grp.device)
+
+    def extra_read(self, h: _Saved) -> None:
+        if h.owner in self.drop_extras:
+            h.tensor = None
+
+    def after(self, k: int):
+        def hook(grad_inputs, grad_outputs) -> None:
+            self.run_after(k)
+
+        return hook
+
+    def run_after(self, k: int) -> None:
+        """The frees after the group's ``k``-th compute, when autograd has run it. What must
+        wait is deferred to :meth:`finish`: the group's own gradient registers and states
+        (they exist after the pass), a value still to be unpacked (freed at its last unpack)."""
+        if self.done[k]:
+            return
+        self.done[k] = True
+        rt, grp, d = self.rt, self.grp, self.grp.device
+        for act in grp.computes[k].after:
+            kind, node, dev = act
+            if dev == d and (
+                node in grp.own or (kind == "free_state" and node in self.drop_extras)
+            ):
+                self.deferred.append(act)
+            elif kind == "free_state":
+                rt.free_state(node, dev)
+            elif dev == d and node in self.left:
+                if self.left[node]:
+                    self.deferred.append(act)
+            else:
+                rt.free(node, dev)
+
+    def finish(self) -> None:
+        """After the pass: the deferred frees, and those of computes autograd did not reach."""
+        for k in range(len(self.done)):
+            self.run_after(k)
+        rt = self.rt
+        for kind, node, dev in self.deferred:
+            if kind == "free_state":
+                rt.free_state(node, dev)
+            elif node in self.left and not self.left[node]:
+                continue  # freed at its last unpack in the meantime
+            else:
+                rt.free(node, dev)
+
+
+def _accumulate_into(p: torch.Tensor):
+    zero = p.new_zeros(()).expand(p.shape)
+
+    def hook(g: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            p.grad.add_(g)
+        return zero  # what autograd returns for p: nothing to hold
+
+    return hook
 
 
 def _infer_loss(y: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -660,6 +943,69 @@ def _label(op: Op, devices: Sequence[str]) -> str:
     return f"{LABEL_PREFIX}{op.kind}|{devices[op.device]}|{op.node}"
 
 
+def compile_program(rt: _Runtime, ops: Sequence[Op], fuse: bool = True) -> list[tuple[Any, str]]:
+    """The schedule as the flat program one step replays: one closure per instruction, with
+    its arguments resolved, and one per fused backward group (``program.compile_plan``), each
+    with the profiler label that attributes its allocations to its device."""
+    g, devices = rt.g, rt.devices
+    plan = compile_plan(
+        ops,
+        g,
+        [s.grad_inputs for s in rt.ops],
+        [s.requires_grad for s in rt.ops],
+        train=rt.train,
+        fuse=fuse,
+    )
+    connect: dict[int, set[int]] = {}
+    for i, u in plan.connect:
+        connect.setdefault(i, set()).add(u)
+    program: list[tuple[Any, str]] = []
+    i = 0
+    while i < len(ops):
+        grp = plan.groups.get(i)
+        if grp is not None:
+            gp = _group_program(rt, ops, plan, grp)
+            label = f"{LABEL_PREFIX}group|{gp.device}|{ops[grp.computes[0]].node}"
+            program.append((partial(rt.run_group, gp), label))
+            i = grp.last + 1
+            continue
+        op = ops[i]
+        d = devices[op.device]
+        if op.kind == "compute":
+            first = i in plan.first_compute
+            fn = partial(rt.compute, op.node, d, first, frozenset(connect.get(i, ())))
+        elif op.kind == "copy":
+            fn = partial(rt.copy, op.node, devices[op.src_device], d)
+        elif op.kind == "free_state":
+            fn = partial(rt.free_state, op.node, d)
+        else:
+            fn = partial(rt.free, op.node, d)
+        program.append((fn, _label(op, devices)))
+        i += 1
+    return program
+
+
+def _group_program(rt: _Runtime, ops: Sequence[Op], plan: Plan, grp: Group) -> GroupProgram:
+    devices = rt.devices
+    fwd_of = {ops[j].node: rt.g.nodes[ops[j].node].fwd_index for j in grp.computes}
+    after: dict[int, list[tuple[str, int, str]]] = {j: [] for j in grp.computes}
+    j = grp.first
+    for i in range(grp.first, grp.last + 1):
+        op = ops[i]
+        if op.kind == "compute":
+            j = i
+        else:
+            after[j].append((op.kind, op.node, devices[op.device]))
+    computes = []
+    for j in grp.computes:
+        b = ops[j].node
+        v = fwd_of[b]
+        internal = frozenset(fwd_of[ops[k].node] for k in grp.computes if (k, v) in plan.internal)
+        materialize = tuple(u for u in rt.ops[v].grad_inputs if (j, u) not in plan.internal)
+        computes.append(ComputeInGroup(b, v, internal, materialize, tuple(after[j])))
+    return GroupProgram(devices[grp.device], tuple(computes), frozenset(fwd_of))
+
+
 def execute(
     captured: CapturedModel,
     inst: Instance,
@@ -670,6 +1016,7 @@ def execute(
     measure_memory: bool = True,
     tolerance_fraction: float = TOLERANCE_FRACTION,
     tolerance_min_bytes: int = TOLERANCE_MIN_BYTES,
+    fuse: bool = True,
 ) -> ExecutionResult:
     """Run ``sched`` for one training step (for a graph captured with ``mode="infer"``: one
     forward pass, whose loss is reported but not differentiated), ``warmup + n_steps`` times
@@ -711,29 +1058,28 @@ def execute(
         for name, state in rng0.items():
             _set_rng(torch.device(name), state)
 
+    program = compile_program(rt, ops, fuse=fuse)
+
     def run_step(labelled: bool) -> None:
         restore_state()
         rt.reset()
         rt.zero_grads()
-        for op in ops:
-            ctx = torch.profiler.record_function(_label(op, devices)) if labelled else nullcontext()
-            with ctx:
-                d = devices[op.device]
-                if op.kind == "compute":
-                    rt.compute(op.node, d)
-                elif op.kind == "copy":
-                    rt.copy(op.node, devices[op.src_device], d)
-                elif op.kind == "free_state":
-                    rt.free_state(op.node, d)
-                else:
-                    rt.free(op.node, d)
+        if labelled:
+            for fn, label in program:
+                with torch.profiler.record_function(label):
+                    fn()
+        else:
+            for fn, _ in program:
+                fn()
         if rt.live_count():
             raise RuntimeError(f"executor: {rt.live_count()} registers alive after the step")
 
     times: list[float] = []
     cuda_peak = dict.fromkeys(cuda_devs, 0)
     cuda_fixed = dict.fromkeys(cuda_devs, 0)
+    hooks = rt.accumulating_in_hooks() if rt.train else nullcontext()
     try:
+        hooks.__enter__()
         for k in range(warmup + n_steps):
             for d in cuda_devs:
                 dev = rt.specs[d].torch_device
@@ -769,6 +1115,7 @@ def execute(
             if p.requires_grad and p.grad is not None
         }
     finally:
+        hooks.__exit__(None, None, None)
         rt.reset()
         torch.set_num_threads(threads0)
     fixed_cpu = _storage_bytes(

@@ -383,7 +383,7 @@ def _time_nodes(rt, d: str, repeats: int, warmup: int, bar) -> dict[str, float]:
         times = []
         for r in range(warmup + repeats):
             if r:
-                rt.reg[d].pop(v)
+                rt.free(v, d)
             _sync(rt, d)
             t0 = time.perf_counter()
             rt.compute(v, d, first=True)

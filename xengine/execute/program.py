@@ -1,0 +1,239 @@
+"""Compile a schedule's operation list once into the plan the executor replays (DESIGN.md 8).
+
+The simulator's ``ops`` say what happens, node by node. Interpreting them one by one costs a
+``torch.autograd.grad`` call and its Python around every backward node; on a GPU, or a CPU at
+small sizes, that is the step (issue 16: 2.85x a plain step on an H200). This module reads the
+list once, statically, and finds where autograd's own engine can run many backward nodes in one
+pass, as a plain ``loss.backward()`` does:
+
+* a **group** is a run of consecutive backward computes on one device with only frees between
+  them (no forward compute, no copy, no other device's compute), each the first computation of
+  its node in the step and the only reader of the autograd state it uses. A group is one
+  ``torch.autograd.grad`` call.
+* an **internal edge** ``(B_w, u)`` is a gradient that ``B_w`` hands to ``u`` and that only
+  ``B_u`` of the same group reads, through the very forward instance of ``F_u`` that ``F_w`` read
+  (same device, no copy). Such a gradient never becomes a register: autograd passes it from
+  node to node and frees it when ``B_u`` has consumed it.
+* the forward computes then **connect** exactly those inputs: ``F_w`` reads the register of
+  ``u`` itself (so that its ``grad_fn`` links to ``F_u``'s) instead of a fresh leaf. Every other
+  input is a leaf, so a backward call never runs past its group.
+
+Groups end where the engine's order could differ from the schedule's: autograd runs the ready
+node created last first, so the forward instances of a group's computes must have been made in
+the reverse of the group's order. And a compute whose gradient comes from a register starts a
+group, so that a pass has one root, whose gradient the executor hands over when autograd
+reaches it (a pre-hook), not when the pass starts. Both keep the measured memory on the
+simulator's timeline.
+
+The plan is a pure function of the op list and the graph: the executor compiles it once per
+schedule and replays it every step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from xengine.graph.types import Graph
+from xengine.simulate import Op
+
+
+@dataclass(frozen=True)
+class Group:
+    """Backward computes run as one autograd pass on one device.
+
+    ``first``/``last``: the op indices it spans (frees between its computes included);
+    ``computes``: the op indices of its backward computes, in schedule order."""
+
+    device: int
+    first: int
+    last: int
+    computes: tuple[int, ...]
+
+
+@dataclass
+class Plan:
+    """What the executor needs beyond the op list.
+
+    ``first_compute``: op indices that are a node's first computation in the step (parameter
+    gradients, random state saved); ``state_of``: per backward compute, the op index of the
+    forward compute whose state it uses; ``connect``: (forward compute op index, input node)
+    pairs fed the register itself; ``internal``: (backward compute op index, input node) pairs
+    whose gradient stays inside autograd; ``groups`` by their first op index."""
+
+    first_compute: frozenset[int]
+    state_of: dict[int, int]
+    connect: frozenset[tuple[int, int]]
+    internal: frozenset[tuple[int, int]]
+    groups: dict[int, Group] = field(default_factory=dict)
+
+    @property
+    def n_fused(self) -> int:
+        """Backward computes that run inside a group of two or more."""
+        return sum(len(g.computes) for g in self.groups.values() if len(g.computes) > 1)
+
+
+def backward_node(nf: int, v: int) -> int:
+    """Index of ``B_v`` for forward node ``v`` (forward 0..nf-1, loss nf, backward after)."""
+    return 2 * nf - v
+
+
+def compile_plan(
+    ops: Sequence[Op],
+    graph: Graph,
+    grad_inputs: Sequence[Sequence[int]],
+    requires_grad: Sequence[bool],
+    train: bool = True,
+    fuse: bool = True,
+) -> Plan:
+    """The plan for ``ops`` (``simulate(...).ops``) on ``graph``.
+
+    ``grad_inputs[v]``: forward node ``v``'s inputs that receive a gradient from ``B_v``;
+    ``requires_grad[v]``: whether ``v``'s output needs one (else ``B_v`` does nothing);
+    ``fuse=False``: no groups (every backward node its own autograd call, as interpreted)."""
+    nf = (graph.size - 1) // 2
+    kinds = [v.kind for v in graph.nodes]
+    fwd_of = [v.fwd_index for v in graph.nodes]
+    consumers: list[list[int]] = [[] for _ in range(nf)]
+    for w in range(nf):
+        for u in grad_inputs[w]:
+            consumers[u].append(w)
+    state_reader = graph.state_reader
+
+    D = 1 + max((op.device for op in ops), default=0)
+    D = max(D, 1 + max((op.src_device for op in ops if op.src_device is not None), default=0))
+    val: list[dict[int, int]] = [{} for _ in range(D)]  # register instance: compute op index
+    st: list[dict[int, int]] = [{} for _ in range(D)]  # state instance
+    transient: list[set[int]] = [set() for _ in range(D)]
+    seen: set[int] = set()
+    first_compute: set[int] = set()
+    in_inst: dict[int, dict[int, int | None]] = {}  # forward compute -> input -> instance
+    state_of: dict[int, int] = {}
+    state_uses: dict[int, int] = {}
+    copied: set[int] = set()  # compute ops whose register was copied to another device
+    reads: dict[tuple[int, int], list[int]] = {}  # (B_w compute, u) -> readers (B_u computes)
+    contrib_src: dict[int, list[tuple[int, int | None]]] = {}  # B_u compute -> (w, instance)
+    uses_copy: set[int] = set()  # computes that read a transient copy
+
+    for i, op in enumerate(ops):
+        d = op.device
+        if op.kind == "copy":
+            src = val[op.src_device].get(op.node)
+            if src is not None:
+                copied.add(src)
+            transient[d].add(op.node)
+            continue
+        if op.kind == "free":
+            val[d].pop(op.node, None)
+            continue
+        if op.kind == "free_state":
+            st[d].pop(op.node, None)
+            continue
+        v = op.node
+        if v not in seen:
+            first_compute.add(i)
+            seen.add(v)
+        if transient[d]:
+            uses_copy.add(i)
+        kind = kinds[v]
+        if kind == "fwd":
+            in_inst[i] = {u: (None if u in transient[d] else val[d].get(u)) for u in grad_inputs[v]}
+            if state_reader[v] >= 0:
+                st[d][v] = i
+        elif kind == "bwd":
+            u = fwd_of[v]
+            s = st[d].get(u)
+            if s is not None:
+                state_of[i] = s
+                state_uses[s] = state_uses.get(s, 0) + 1
+            srcs = []
+            for w in consumers[u]:
+                b = backward_node(nf, w)
+                k = None if b in transient[d] else val[d].get(b)
+                srcs.append((w, k))
+                if k is not None:
+                    reads.setdefault((k, u), []).append(i)
+            contrib_src[i] = srcs
+        val[d][v] = i
+        transient[d].clear()
+
+    def fusable(i: int) -> bool:
+        op = ops[i]
+        if not (fuse and train) or op.kind != "compute" or kinds[op.node] != "bwd":
+            return False
+        u = fwd_of[op.node]
+        s = state_of.get(i)
+        return (
+            requires_grad[u]
+            and i in first_compute
+            and i not in uses_copy
+            and s is not None
+            and state_uses.get(s) == 1
+        )
+
+    def internal_ok(k: int, u: int, j: int) -> bool:
+        """Can B_w@k hand its gradient for u to B_u@j inside autograd?"""
+        s_w, s_u = state_of.get(k), state_of.get(j)
+        return (
+            k not in copied
+            and reads.get((k, u)) == [j]
+            and s_w is not None
+            and s_u is not None
+            and in_inst.get(s_w, {}).get(u) == s_u
+        )
+
+    groups: dict[int, Group] = {}
+    internal: set[tuple[int, int]] = set()
+    cur: list[int] = []
+    cur_first = -1
+    cur_internal: set[tuple[int, int]] = set()
+
+    def close(last: int) -> None:
+        nonlocal cur, cur_first, cur_internal
+        if cur:
+            groups[cur_first] = Group(ops[cur[0]].device, cur_first, last, tuple(cur))
+            internal.update(cur_internal)
+        cur, cur_first, cur_internal = [], -1, set()
+
+    last_op = -1
+    for i, op in enumerate(ops):
+        if op.kind in ("free", "free_state"):
+            if cur:
+                last_op = i
+            continue
+        if not fusable(i):
+            close(last_op)
+            continue
+        j, u = i, fwd_of[op.node]
+        joins = bool(cur) and ops[cur[0]].device == op.device
+        # the engine runs the ready node made last first: instances must be made in reverse
+        joins = joins and state_of[j] < state_of[cur[-1]]
+        mine: set[tuple[int, int]] = set()
+        if joins:
+            members = set(cur)
+            for _w, k in contrib_src[j]:
+                if k in members:
+                    if not internal_ok(k, u, j):
+                        joins = False
+                        break
+                    mine.add((k, u))
+            # only the first compute of a group reads registers: the pass has one root
+            n_ext = len(contrib_src[j]) - len(mine) + (1 if u == nf - 1 else 0)
+            joins = joins and n_ext == 0
+        if not joins:
+            close(last_op)
+            cur_first = i
+            mine = set()
+        cur.append(i)
+        cur_internal |= mine
+        last_op = i
+    close(last_op)
+
+    connect = {(state_of[k], u) for k, u in internal}
+    return Plan(
+        first_compute=frozenset(first_compute),
+        state_of=state_of,
+        connect=frozenset(connect),
+        internal=frozenset(internal),
+        groups=groups,
+    )
