@@ -1006,6 +1006,105 @@ def _group_program(rt: _Runtime, ops: Sequence[Op], plan: Plan, grp: Group) -> G
     return GroupProgram(devices[grp.device], tuple(computes), frozenset(fwd_of))
 
 
+class CompiledSchedule:
+    """A schedule compiled once for a captured model; :meth:`step` replays one training step.
+
+    Compiling checks the schedule against the model, simulates it for its operations, binds
+    every op to the device models and resolves the program (:func:`compile_program`). A step
+    starts from the state the model had at compile time (random state, batch-norm buffers,
+    zeroed gradient buffers), so any number of steps leaves the state after one. Use it as a
+    context manager, or call :meth:`close`, to get the thread count back."""
+
+    def __init__(
+        self, captured: CapturedModel, inst: Instance, sched: Schedule, *, fuse: bool = True
+    ) -> None:
+        _check_inputs(captured, inst, sched)
+        sim_inst, self.has_costs = _costed(inst)
+        self.sim = simulate(sim_inst, sched, check_budget=False)
+        self.captured, self.inst = captured, inst
+        self.devices = tuple(inst.devices)
+        self.rt = rt = _Runtime(captured, self.devices)
+        self.dspecs = [rt.specs[d] for d in self.devices]
+        self.cpu_devices = [d for d in self.devices if not rt.specs[d].is_cuda]
+        self.cuda_devices = [d for d in self.devices if rt.specs[d].is_cuda]
+        self._buffers0 = [(b, b.detach().clone()) for b in captured.gm.buffers()]
+        self._copies = [
+            (list(r.buffers()), list(captured.gm.buffers()))
+            for r in rt._roots_unique
+            if r is not captured.gm
+        ]
+        self._rng0 = {str(s.torch_device): _get_rng(s.torch_device) for s in self.dspecs}
+        self._rng0.setdefault("cpu", torch.get_rng_state())
+        self._threads0 = torch.get_num_threads()
+        self.program = compile_program(rt, self.sim.ops, fuse=fuse)
+
+    def __enter__(self) -> CompiledSchedule:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.rt.reset()
+        torch.set_num_threads(self._threads0)
+
+    def _restore(self) -> None:
+        with torch.no_grad():
+            for b, b0 in self._buffers0:
+                b.copy_(b0)
+            for dst, src in self._copies:
+                for b, b0 in zip(dst, src, strict=True):
+                    b.copy_(b0)
+        for name, state in self._rng0.items():
+            _set_rng(torch.device(name), state)
+
+    def run(self, labelled: bool = False) -> None:
+        """One step, not synchronised (``labelled``: inside profiler labels, for memory)."""
+        rt = self.rt
+        self._restore()
+        rt.reset()
+        rt.zero_grads()
+        with rt.accumulating_in_hooks() if rt.train else nullcontext():
+            if labelled:
+                for fn, label in self.program:
+                    with torch.profiler.record_function(label):
+                        fn()
+            else:
+                for fn, _ in self.program:
+                    fn()
+        if rt.live_count():
+            raise RuntimeError(f"executor: {rt.live_count()} registers alive after the step")
+
+    def step(self) -> tuple[float, dict[str, int]]:
+        """One timed step: its seconds (devices synchronised) and, per CUDA device, the
+        allocator's peak above what was allocated when it began."""
+        fixed = {}
+        for d in self.cuda_devices:
+            dev = self.rt.specs[d].torch_device
+            torch.cuda.synchronize(dev)
+            torch.cuda.reset_peak_memory_stats(dev)
+            fixed[d] = torch.cuda.memory_allocated(dev)
+        t0 = time.perf_counter()
+        self.run()
+        _sync(self.dspecs)
+        dt = time.perf_counter() - t0
+        peaks = {
+            d: int(torch.cuda.max_memory_allocated(self.rt.specs[d].torch_device) - fixed[d])
+            for d in self.cuda_devices
+        }
+        self.cuda_fixed_bytes = fixed
+        return dt, peaks
+
+    def cpu_peaks(self) -> tuple[dict[str, int], str]:
+        """One step under the profiler: the activation peak of each CPU device."""
+        with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
+        ) as prof:
+            self.run(labelled=True)
+        _sync(self.dspecs)
+        return _cpu_peaks_from_profile(prof, self.cpu_devices)
+
+
 def execute(
     captured: CapturedModel,
     inst: Instance,
@@ -1022,102 +1121,40 @@ def execute(
     forward pass, whose loss is reported but not differentiated), ``warmup + n_steps`` times
     (plus one step under the profiler when a CPU device is used, for its memory).
 
-    Every step starts from the same state (random state, batch-norm buffers, zeroed gradient
-    buffers), so the module's state afterwards is the state after one step, and the loss and
-    gradients reported are those of one step. Raises ``ValueError`` for a schedule of another
-    graph or device mix (and ``ScheduleError``, a ``ValueError``, for an invalid one).
+    The schedule is compiled once (:class:`CompiledSchedule`). Every step starts from the same
+    state, so the module's state afterwards is the state after one step, and the loss and
+    gradients reported are those of one step. ``fuse=False`` runs every backward node as its
+    own autograd call (the interpreted executor, for comparison). Raises ``ValueError`` for a
+    schedule of another graph or device mix (and ``ScheduleError``, a ``ValueError``, for an
+    invalid one).
     """
     if n_steps < 1 or warmup < 0:
         raise ValueError("n_steps must be >= 1 and warmup >= 0")
-    _check_inputs(captured, inst, sched)
-    sim_inst, has_costs = _costed(inst)
-    sim = simulate(sim_inst, sched, check_budget=False)
-    ops = sim.ops
-    devices = tuple(inst.devices)
-    rt = _Runtime(captured, devices)
-    dspecs = [rt.specs[d] for d in devices]
-    cpu_devs = [d for d in devices if not rt.specs[d].is_cuda]
-    cuda_devs = [d for d in devices if rt.specs[d].is_cuda]
-
-    orig = captured.module
-    buffers0 = [(b, b.detach().clone()) for b in captured.gm.buffers()]
-    rng0 = {str(s.torch_device): _get_rng(s.torch_device) for s in dspecs}
-    rng0.setdefault("cpu", torch.get_rng_state())
-    threads0 = torch.get_num_threads()
-
-    def restore_state() -> None:
-        with torch.no_grad():
-            for b, b0 in buffers0:
-                b.copy_(b0)
-            for r in rt._roots_unique:
-                if r is not captured.gm:
-                    for (_, b), (_, b0) in zip(
-                        r.named_buffers(), captured.gm.named_buffers(), strict=True
-                    ):
-                        b.copy_(b0)
-        for name, state in rng0.items():
-            _set_rng(torch.device(name), state)
-
-    program = compile_program(rt, ops, fuse=fuse)
-
-    def run_step(labelled: bool) -> None:
-        restore_state()
-        rt.reset()
-        rt.zero_grads()
-        if labelled:
-            for fn, label in program:
-                with torch.profiler.record_function(label):
-                    fn()
-        else:
-            for fn, _ in program:
-                fn()
-        if rt.live_count():
-            raise RuntimeError(f"executor: {rt.live_count()} registers alive after the step")
-
+    exe = CompiledSchedule(captured, inst, sched, fuse=fuse)
+    rt, sim, devices = exe.rt, exe.sim, exe.devices
     times: list[float] = []
-    cuda_peak = dict.fromkeys(cuda_devs, 0)
-    cuda_fixed = dict.fromkeys(cuda_devs, 0)
-    hooks = rt.accumulating_in_hooks() if rt.train else nullcontext()
-    try:
-        hooks.__enter__()
+    cuda_peak = dict.fromkeys(exe.cuda_devices, 0)
+    with exe:
         for k in range(warmup + n_steps):
-            for d in cuda_devs:
-                dev = rt.specs[d].torch_device
-                torch.cuda.synchronize(dev)
-                torch.cuda.reset_peak_memory_stats(dev)
-                cuda_fixed[d] = torch.cuda.memory_allocated(dev)
-            t0 = time.perf_counter()
-            run_step(labelled=False)
-            _sync(dspecs)
-            dt = time.perf_counter() - t0
+            dt, peaks = exe.step()
             if k >= warmup:
                 times.append(dt)
-                for d in cuda_devs:
-                    dev = rt.specs[d].torch_device
-                    peak = torch.cuda.max_memory_allocated(dev) - cuda_fixed[d]
-                    cuda_peak[d] = max(cuda_peak[d], int(peak))
+                for d, p in peaks.items():
+                    cuda_peak[d] = max(cuda_peak[d], p)
         cpu_peak: dict[str, int] = {}
-        memory_source = "cuda caching allocator statistics" if cuda_devs else ""
-        if cpu_devs and measure_memory:
-            with torch.profiler.profile(
-                activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
-            ) as prof:
-                run_step(labelled=True)
-            _sync(dspecs)
-            cpu_peak, src = _cpu_peaks_from_profile(prof, cpu_devs)
+        memory_source = "cuda caching allocator statistics" if exe.cuda_devices else ""
+        if exe.cpu_devices and measure_memory:
+            cpu_peak, src = exe.cpu_peaks()
             memory_source = "; ".join(x for x in (memory_source, src) if x)
         # gather the step's results onto the captured (CPU) module, as a plain step leaves them
         _sync_back(captured, rt)
         loss = float(rt.loss_value.item()) if rt.loss_value is not None else float("nan")
         param_grads = {
             name: p.grad.detach().to("cpu").clone()
-            for name, p in orig.named_parameters()
+            for name, p in captured.module.named_parameters()
             if p.requires_grad and p.grad is not None
         }
-    finally:
-        hooks.__exit__(None, None, None)
-        rt.reset()
-        torch.set_num_threads(threads0)
+        cuda_fixed = getattr(exe, "cuda_fixed_bytes", {})
     fixed_cpu = _storage_bytes(
         [*captured.gm.parameters(), *captured.gm.buffers()]
         + [p.grad for p in captured.gm.parameters()]
@@ -1157,7 +1194,7 @@ def execute(
         budget_tolerance_bytes=max(tol.values()),
         tolerance_bytes=tol,
         predicted_peak_bytes=predicted,
-        predicted_time_s=float(sim.time_s) if has_costs else None,
+        predicted_time_s=float(sim.time_s) if exe.has_costs else None,
         budget_bytes=budgets,
         violations=violations,
         memory_source=memory_source,
@@ -1203,6 +1240,92 @@ def _sync_back(cap: CapturedModel, rt: _Runtime) -> None:
 
 
 # ---------------------------------------------------------------------- plain pytorch
+class PlainStep:
+    """A plain PyTorch step: ``model(x)``, cross-entropy, ``backward()``, from the same starting
+    state each time (what a user compares a schedule with). :meth:`step` times one; on a CUDA
+    device the model is a copy. Use it as a context manager, or call :meth:`close`, to get the
+    thread count back and the buffers of a CUDA copy onto the captured module."""
+
+    def __init__(self, captured: CapturedModel, device: str = "cpu") -> None:
+        self.captured, self.device = captured, device
+        self.spec = spec = parse_device(device)
+        self.dev = dev = spec.torch_device
+        self.module = captured.module if not spec.is_cuda else copy.deepcopy(captured.module)
+        self.module.to(dev)
+        self.train = captured.mode == "train"
+        self.module.train(self.train)
+        self.x = captured.example_input.to(dev)
+        self.target = captured.target.to(dev)
+        self.params = [p for p in self.module.parameters() if p.requires_grad] if self.train else []
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        self._buffers0 = [(b, b.detach().clone()) for b in self.module.buffers()]
+        self._rng0 = _get_rng(dev)
+        self._threads0 = torch.get_num_threads()
+        self.loss: torch.Tensor | None = None
+
+    def __enter__(self) -> PlainStep:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        torch.set_num_threads(self._threads0)
+        if self.spec.is_cuda:
+            with torch.no_grad():
+                for b, c in zip(self.captured.module.buffers(), self.module.buffers(), strict=True):
+                    b.copy_(c.cpu())
+
+    def run(self, labelled: bool = False) -> None:
+        if self.spec.threads is not None and torch.get_num_threads() != self.spec.threads:
+            torch.set_num_threads(self.spec.threads)
+        with torch.no_grad():
+            for b, b0 in self._buffers0:
+                b.copy_(b0)
+            for p in self.params:
+                p.grad.zero_()
+        _set_rng(self.dev, self._rng0)
+        ctx = (
+            torch.profiler.record_function(f"{LABEL_PREFIX}ref|{self.device}|0")
+            if labelled
+            else nullcontext()
+        )
+        if self.train:
+            with ctx, torch.enable_grad():
+                loss = F.cross_entropy(self.module(self.x), self.target)
+                loss.backward()
+        else:
+            with ctx, torch.no_grad():
+                loss = _infer_loss(self.module(self.x), self.target)
+        self.loss = loss.detach()
+
+    def step(self) -> tuple[float, int]:
+        """One timed step: seconds, and on CUDA the allocator's peak above the start (else -1)."""
+        fixed = 0
+        if self.spec.is_cuda:
+            torch.cuda.synchronize(self.dev)
+            torch.cuda.reset_peak_memory_stats(self.dev)
+            fixed = torch.cuda.memory_allocated(self.dev)
+        t0 = time.perf_counter()
+        self.run()
+        _sync([self.spec])
+        dt = time.perf_counter() - t0
+        self.fixed_bytes = fixed
+        if self.spec.is_cuda:
+            return dt, int(torch.cuda.max_memory_allocated(self.dev) - fixed)
+        return dt, -1
+
+    def cpu_peak(self) -> tuple[int, str]:
+        with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
+        ) as prof:
+            self.run(labelled=True)
+        peaks, source = _cpu_peaks_from_profile(prof, [self.device])
+        return peaks[self.device], source
+
+
 def reference_step(
     captured: CapturedModel,
     n_steps: int = 5,
@@ -1211,93 +1334,39 @@ def reference_step(
     device: str = "cpu",
     measure_memory: bool = True,
 ) -> ExecutionResult:
-    """A plain PyTorch step: ``model(x)``, cross-entropy, ``backward()``; timed and measured
-    the same way as :func:`execute`, from the same starting state each step."""
-    spec = parse_device(device)
-    dev = spec.torch_device
-    module = captured.module if not spec.is_cuda else copy.deepcopy(captured.module).to(dev)
-    train = captured.mode == "train"
-    module.train(train)
-    x = captured.example_input.to(dev)
-    target = captured.target.to(dev)
-    params = [p for p in module.parameters() if p.requires_grad] if train else []
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    buffers0 = [(b, b.detach().clone()) for b in module.buffers()]
-    rng0 = _get_rng(dev)
-    threads0 = torch.get_num_threads()
-    if spec.threads is not None:
-        torch.set_num_threads(spec.threads)
-    out: dict[str, Any] = {}
-
-    def step(labelled: bool) -> None:
-        with torch.no_grad():
-            for b, b0 in buffers0:
-                b.copy_(b0)
-            for p in params:
-                p.grad.zero_()
-        _set_rng(dev, rng0)
-        ctx = (
-            torch.profiler.record_function(f"{LABEL_PREFIX}ref|{device}|0")
-            if labelled
-            else (nullcontext())
-        )
-        if train:
-            with ctx, torch.enable_grad():
-                loss = F.cross_entropy(module(x), target)
-                loss.backward()
-        else:
-            with ctx, torch.no_grad():
-                loss = _infer_loss(module(x), target)
-        out["loss"] = loss.detach()
-
-    times = []
-    peak_cuda = 0
-    fixed_cuda = 0
-    try:
+    """A plain PyTorch step (:class:`PlainStep`), timed and measured the same way as
+    :func:`execute`, from the same starting state each step."""
+    plain = PlainStep(captured, device)
+    times, peak_cuda = [], 0
+    source = "cuda caching allocator statistics"
+    with plain:
         for k in range(warmup + n_steps):
-            if spec.is_cuda:
-                torch.cuda.synchronize(dev)
-                torch.cuda.reset_peak_memory_stats(dev)
-                fixed_cuda = torch.cuda.memory_allocated(dev)
-            t0 = time.perf_counter()
-            step(False)
-            _sync([spec])
+            dt, peak = plain.step()
             if k >= warmup:
-                times.append(time.perf_counter() - t0)
-                if spec.is_cuda:
-                    peak_cuda = max(peak_cuda, torch.cuda.max_memory_allocated(dev) - fixed_cuda)
-        source = "cuda caching allocator statistics"
-        if not spec.is_cuda and measure_memory:
-            with torch.profiler.profile(
-                activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
-            ) as prof:
-                step(True)
-            peaks, source = _cpu_peaks_from_profile(prof, [device])
-            peak = peaks[device]
+                times.append(dt)
+                peak_cuda = max(peak_cuda, peak)
+        if plain.spec.is_cuda:
+            peak = peak_cuda
+        elif measure_memory:
+            peak, source = plain.cpu_peak()
         else:
-            peak = peak_cuda if spec.is_cuda else -1
-    finally:
-        torch.set_num_threads(threads0)
-    if spec.is_cuda:
-        fixed = fixed_cuda
-        with torch.no_grad():
-            for b, c in zip(captured.module.buffers(), module.buffers(), strict=True):
-                b.copy_(c.cpu())
+            peak = -1
+    module = plain.module
+    if plain.spec.is_cuda:
+        fixed = plain.fixed_bytes
     else:
         fixed = _storage_bytes(
             [*module.parameters(), *module.buffers()]
             + [p.grad for p in module.parameters()]
-            + [x, target]
+            + [plain.x, plain.target]
         )
     grads = {
         n: p.grad.detach().to("cpu").clone()
         for n, p in module.named_parameters()
-        if train and p.requires_grad and p.grad is not None
+        if plain.train and p.requires_grad and p.grad is not None
     }
     return ExecutionResult(
-        loss=float(out["loss"].item()),
+        loss=float(plain.loss.item()),
         param_grads=grads,
         step_times_s=times,
         step_time_s=float(statistics.median(times)),
