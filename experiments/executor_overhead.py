@@ -1,12 +1,22 @@
-"""Executor overhead: the checkpoint-all schedule against a plain PyTorch step.
+"""Executor overhead: a compiled schedule against a plain PyTorch step, side by side.
 
-Both run the same training step of the same captured model (same start state, same batch).
-They are interleaved round by round (one executor step, one plain step, repeated), so that the
-machine's noise hits both alike; the medians and their ratio are written to
-``results/executor_overhead/``.
+Per configuration (net, batch, image size, device, schedule) the schedule is compiled once
+(``CompiledSchedule``) and three steps run interleaved round by round, so that the machine's
+noise hits them alike: the compiled schedule, the same schedule interpreted (every backward
+node its own autograd call, ``fuse=False``: the executor before issue 16) and a plain PyTorch
+step. With ``--predict`` the net is also profiled on the device (cached under
+``results/cache/profiles``) and the simulator's predicted step time is set beside the
+measured one. Medians and ratios go to ``results/executor_overhead/`` (one CSV of rounds per
+configuration, ``summary.csv``, ``overhead.png``); each configuration ends with a line
+``ratio <compiled / plain>`` (``ratio_predicted <measured / predicted>`` for ``--predict``).
 
-    python experiments/executor_overhead.py --net resnet18 --batch-size 4 --steps 10
-    python experiments/executor_overhead.py --device cuda      # on a GPU: per-op Python cost shows
+    python experiments/executor_overhead.py                       # the three CPU checks
+    python experiments/executor_overhead.py --config r18-224      # one of them
+    python experiments/executor_overhead.py --net resnet50 --batch-size 8 --device cuda --predict
+
+Named configurations (issue 16): ``r18-224`` resnet18 b4 224 px on all threads, keep
+everything; ``r18-32-cpu1`` resnet18 b2 32 px on one thread (launch-bound, as on a GPU);
+``r18-224-chen`` resnet18 b4 224 px with Chen's sqrt(n) checkpoints, against its prediction.
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ import logging
 import platform
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -28,98 +39,178 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from xengine.execute.executor import execute, reference_step  # noqa: E402
+from baselines.heuristics import solve_chen_sqrtn  # noqa: E402
+from xengine.execute.executor import CompiledSchedule, PlainStep  # noqa: E402
 from xengine.graph.capture import capture_net  # noqa: E402
 from xengine.problem import Instance  # noqa: E402
+from xengine.profile.profiler import apply_profile, profile_model  # noqa: E402
 from xengine.schedule import keep_all_schedule  # noqa: E402
+from xengine.simulate import simulate  # noqa: E402
 
 log = logging.getLogger("executor_overhead")
+SCHEDULES = ("checkpoint_all", "chen_sqrtn")
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    net: str
+    batch_size: int
+    image_size: int
+    device: str
+    schedule: str = "checkpoint_all"
+    predict: bool = False
+
+
+NAMED = {
+    "r18-224": Config("r18-224", "resnet18", 4, 224, "cpu"),
+    "r18-32-cpu1": Config("r18-32-cpu1", "resnet18", 2, 32, "cpu1"),
+    "r18-224-chen": Config("r18-224-chen", "resnet18", 4, 224, "cpu", "chen_sqrtn", True),
+}
+
+
+def schedule_for(inst: Instance, kind: str):
+    if kind == "checkpoint_all":
+        return keep_all_schedule(inst)
+    res = solve_chen_sqrtn(inst)
+    if res.schedule is None:
+        raise SystemExit(f"{kind} gave no schedule: {res.status} {res.note}")
+    return res.schedule
+
+
+def run_config(cfg: Config, rounds: int, warmup: int, out: Path) -> dict:
+    cap = capture_net(cfg.net, cfg.batch_size, image_size=cfg.image_size)
+    graph = cap.graph
+    if cfg.predict:
+        prof = profile_model(cap, [cfg.device], cache_dir=ROOT / "results/cache/profiles")
+        graph = apply_profile(graph, prof)
+    inst = Instance.single(graph, cfg.device, None)
+    sched = schedule_for(inst, cfg.schedule)
+    predicted_s = simulate(inst, sched).time_s if cfg.predict else float("nan")
+    times: dict[str, list[float]] = {"compiled": [], "interpreted": [], "plain": []}
+    with (
+        CompiledSchedule(cap, inst, sched) as compiled,
+        CompiledSchedule(cap, inst, sched, fuse=False) as interpreted,
+        PlainStep(cap, cfg.device) as plain,
+    ):
+        sides = {"compiled": compiled, "interpreted": interpreted, "plain": plain}
+        for k in range(warmup + rounds):
+            for name, side in sides.items():
+                dt = side.step()[0]
+                if k >= warmup:
+                    times[name].append(dt)
+            if k >= warmup:
+                log.info(
+                    "%s round %d/%d: compiled %.1f ms, interpreted %.1f ms, plain %.1f ms",
+                    cfg.name,
+                    k + 1 - warmup,
+                    rounds,
+                    *(1e3 * times[n][-1] for n in ("compiled", "interpreted", "plain")),
+                )
+    med = {n: statistics.median(t) for n, t in times.items()}
+    with open(out / f"{cfg.name}.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["round", "compiled_step_ms", "interpreted_step_ms", "plain_step_ms"])
+        for k, row in enumerate(zip(*times.values(), strict=True)):
+            w.writerow([k, *(f"{1e3 * t:.3f}" for t in row)])
+    return {
+        "config": cfg.name,
+        "net": cfg.net,
+        "batch_size": cfg.batch_size,
+        "image_size": cfg.image_size,
+        "device": cfg.device,
+        "device_name": torch.cuda.get_device_name(cfg.device) if "cuda" in cfg.device else "",
+        "schedule": cfg.schedule,
+        "rounds": rounds,
+        "compiled_median_ms": round(1e3 * med["compiled"], 3),
+        "interpreted_median_ms": round(1e3 * med["interpreted"], 3),
+        "plain_median_ms": round(1e3 * med["plain"], 3),
+        "ratio": round(med["compiled"] / med["plain"], 4),
+        "interpreted_ratio": round(med["interpreted"] / med["plain"], 4),
+        "predicted_ms": round(1e3 * predicted_s, 3) if cfg.predict else "",
+        "ratio_predicted": round(med["compiled"] / predicted_s, 4) if cfg.predict else "",
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cpu": platform.processor() or platform.machine(),
+        "_times": times,
+    }
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    fig, axes = plt.subplots(1, len(rows), figsize=(4.2 * len(rows), 3.6), squeeze=False)
+    for ax, r in zip(axes[0], rows, strict=True):
+        for name, marker in (("compiled", "o-"), ("interpreted", "^-"), ("plain", "s-")):
+            t = [1e3 * x for x in r["_times"][name]]
+            ax.plot(t, marker, ms=3, label=f"{name} (median {statistics.median(t):.1f} ms)")
+        if r["predicted_ms"] != "":
+            ax.axhline(r["predicted_ms"], color="k", ls=":", label="predicted (profile)")
+        ax.set_title(
+            f"{r['config']}: {r['net']} b{r['batch_size']} {r['image_size']}px {r['device']}\n"
+            f"{r['schedule']}, compiled / plain = {r['ratio']:.3f}",
+            fontsize=9,
+        )
+        ax.set_xlabel("round (interleaved)")
+        ax.set_ylabel("step time (ms)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--net", default="resnet18")
+    ap.add_argument("--config", action="append", choices=sorted(NAMED), help="named check")
+    ap.add_argument("--net", help="a custom configuration instead of the named ones")
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--image-size", type=int, default=224)
-    ap.add_argument("--steps", type=int, default=10, help="timed steps per side")
-    ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--device", default="cpu", help="cpu, cpu<k> (k threads), cuda, cuda:<i>")
+    ap.add_argument("--schedule", default="checkpoint_all", choices=SCHEDULES)
+    ap.add_argument("--predict", action="store_true", help="profile and compare with prediction")
+    ap.add_argument("--rounds", "--steps", type=int, default=12, help="timed rounds (>= 10)")
+    ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "executor_overhead")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-
-    cap = capture_net(args.net, args.batch_size, image_size=args.image_size)
-    inst = Instance.single(cap.graph, args.device, None)
-    sched = keep_all_schedule(inst)
-    for _ in range(args.warmup):
-        execute(cap, inst, sched, n_steps=1, warmup=0, measure_memory=False)
-        reference_step(cap, n_steps=1, warmup=0, measure_memory=False, device=args.device)
-    exe_s, ref_s = [], []
-    for k in range(args.steps):
-        exe_s += execute(cap, inst, sched, n_steps=1, warmup=0, measure_memory=False).step_times_s
-        ref_s += reference_step(
-            cap, n_steps=1, warmup=0, measure_memory=False, device=args.device
-        ).step_times_s
-        log.info(
-            "round %d/%d: executor %.1f ms, plain %.1f ms",
-            k + 1,
-            args.steps,
-            1e3 * exe_s[-1],
-            1e3 * ref_s[-1],
-        )
-    exe_med, ref_med = statistics.median(exe_s), statistics.median(ref_s)
-    ratio = exe_med / ref_med
-
+    if args.net:
+        name = f"{args.net}-b{args.batch_size}-{args.image_size}-{args.device.replace(':', '')}"
+        if args.schedule != "checkpoint_all":
+            name += f"-{args.schedule}"
+        configs = [
+            Config(
+                name,
+                args.net,
+                args.batch_size,
+                args.image_size,
+                args.device,
+                args.schedule,
+                args.predict,
+            )
+        ]
+    else:
+        configs = [NAMED[c] for c in (args.config or list(NAMED))]
     args.out.mkdir(parents=True, exist_ok=True)
-    tag = f"{args.net}_b{args.batch_size}_i{args.image_size}"
-    if args.device != "cpu":
-        tag += "_" + args.device.replace(":", "")
-    with open(args.out / f"{tag}.csv", "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["round", "executor_step_ms", "plain_step_ms"])
-        for k, (a, b) in enumerate(zip(exe_s, ref_s, strict=True)):
-            w.writerow([k, f"{1e3 * a:.3f}", f"{1e3 * b:.3f}"])
-    summary = {
-        "net": args.net,
-        "batch_size": args.batch_size,
-        "image_size": args.image_size,
-        "device": args.device,
-        "device_name": torch.cuda.get_device_name(args.device) if "cuda" in args.device else "",
-        "steps": args.steps,
-        "executor_median_ms": round(1e3 * exe_med, 3),
-        "plain_median_ms": round(1e3 * ref_med, 3),
-        "ratio": round(ratio, 4),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "cpu": platform.processor() or platform.machine(),
-    }
-    with open(args.out / f"{tag}_summary.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(summary))
+    rows = []
+    for cfg in configs:
+        r = run_config(cfg, args.rounds, args.warmup, args.out)
+        rows.append(r)
+        print(
+            f"{cfg.name}: {cfg.net} b{cfg.batch_size} {cfg.image_size}px on {cfg.device}, "
+            f"{cfg.schedule}: compiled {r['compiled_median_ms']:.1f} ms, interpreted "
+            f"{r['interpreted_median_ms']:.1f} ms, plain {r['plain_median_ms']:.1f} ms "
+            f"({args.rounds} interleaved rounds)"
+            + (f", predicted {r['predicted_ms']:.1f} ms" if cfg.predict else "")
+        )
+        if cfg.predict:
+            print(f"ratio_predicted {r['ratio_predicted']:.3f}")
+        print(f"ratio {r['ratio']:.3f}", flush=True)
+    summary = args.out / ("summary.csv" if not args.net else f"{configs[0].name}_summary.csv")
+    fields = [k for k in rows[0] if not k.startswith("_")]
+    with open(summary, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
         w.writeheader()
-        w.writerow(summary)
-
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    ax.plot(
-        [1e3 * t for t in exe_s],
-        "o-",
-        label=f"executor, checkpoint-all (median {1e3 * exe_med:.1f} ms)",
-    )
-    ax.plot(
-        [1e3 * t for t in ref_s], "s-", label=f"plain PyTorch step (median {1e3 * ref_med:.1f} ms)"
-    )
-    ax.set_xlabel("round (interleaved)")
-    ax.set_ylabel("step time (ms)")
-    ax.set_title(
-        f"{args.net} batch {args.batch_size} on {args.device}: executor / plain = {ratio:.3f}"
-    )
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(args.out / f"{tag}.png", dpi=120)
-    print(
-        f"{args.net} b{args.batch_size} on {args.device}: executor {1e3 * exe_med:.1f} ms, plain "
-        f"{1e3 * ref_med:.1f} ms, ratio {ratio:.3f} ({args.steps} interleaved rounds)"
-    )
+        w.writerows(rows)
+    plot(rows, summary.with_suffix(".png"))
+    log.info("wrote %s and %s", summary, summary.with_suffix(".png"))
     return 0
 
 

@@ -44,7 +44,7 @@ import statistics
 import time
 import weakref
 from collections.abc import Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -200,16 +200,35 @@ def _unpack(h: _Saved) -> torch.Tensor:
     return h.get()
 
 
+class _Tap(torch.autograd.Function):
+    """Where a forward op reads an input whose gradient becomes a register: a fresh tensor on
+    the input's storage (emptied after the op, so it keeps nothing alive) whose backward puts
+    the gradient in ``box`` and passes nothing on. A backward node run alone captures the
+    gradient at the tap's edge instead (``torch.autograd.grad`` does not run the tap). The
+    ``anchor`` (a scalar that requires grad) makes the tap part of the graph."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, anchor: torch.Tensor, box: list) -> torch.Tensor:
+        ctx.box = box
+        return x.new_empty(0).set_(x.untyped_storage(), x.storage_offset(), x.size(), x.stride())
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        ctx.box.append(g)
+        return None, None, None
+
+
 class _State:
     """A forward op's autograd state: the gradient edge of its output (``None`` when the output
-    needs no gradient), those of its leaf inputs (the leaves are emptied), and the saved
+    needs no gradient), those of its tapped inputs (the taps are emptied), and the saved
     tensors its ``grad_fn`` reads: lookups into registers and extras it alone holds."""
 
-    __slots__ = ("out_edge", "edges", "lookups", "extras")
+    __slots__ = ("out_edge", "edges", "boxes", "lookups", "extras")
 
     def __init__(self, out_edge: Any) -> None:
         self.out_edge = out_edge
-        self.edges: dict[int, Any] = {}
+        self.edges: dict[int, Any] = {}  # input -> the edge of its tap
+        self.boxes: dict[int, list] = {}  # input -> where its tap puts the gradient
         self.lookups: list[_Saved] = []
         self.extras: list[_Saved] = []
 
@@ -265,7 +284,11 @@ class _Runtime:
         self.grad_consumers = consumers
         self.grad_consumers_desc = {v: sorted(ws, reverse=True) for v, ws in consumers.items()}
         self.grad_sets = [frozenset(s.grad_inputs) for s in self.ops]
-        self.hooks_accumulate = False
+        # what makes every tap part of the graph (one per device; it never gets a gradient)
+        self.anchors = {
+            d: torch.zeros((), device=s.torch_device, requires_grad=True)
+            for d, s in self.specs.items()
+        }
         self._roots_unique = list({id(r): r for r in self.roots.values()}.values())
         if self.train:
             for r in [cap.module, *self._roots_unique]:
@@ -295,24 +318,6 @@ class _Runtime:
     def live_count(self) -> int:
         regs = [*self.reg.values(), *self.state.values()]
         return sum(1 for r in regs for x in r if x is not None)
-
-    @contextmanager
-    def accumulating_in_hooks(self):
-        """While active, a parameter's gradient is added to its ``.grad`` the moment autograd
-        produces it (a tensor hook), as a plain ``backward()`` does, instead of being returned
-        at the end of a fused backward call with all the others alive at once."""
-        handles = []
-        for r in self._roots_unique:
-            for p in r.parameters():
-                if p.requires_grad and p.grad is not None:
-                    handles.append(p.register_hook(_accumulate_into(p)))
-        self.hooks_accumulate = True
-        try:
-            yield
-        finally:
-            self.hooks_accumulate = False
-            for h in handles:
-                h.remove()
 
     # ---------------------------------------------------------------- lookups
     def provided(self, d: str, u: int) -> Any:
@@ -373,20 +378,26 @@ class _Runtime:
         st[v] = None
 
     def compute(
-        self, v: int, d: str, first: bool | None = None, connect: frozenset[int] = frozenset()
+        self,
+        v: int,
+        d: str,
+        first: bool | None = None,
+        connect: frozenset[int] = frozenset(),
+        native: bool = False,
     ) -> None:
         """Run node ``v`` on device ``d`` and keep its result in ``d``'s register.
 
         ``first`` (default: whether ``v`` already ran in this step) selects the first-run path
         (parameter gradients, random state saved) or the side-effect-free recomputation.
         ``connect``: inputs of a forward node read as the registers themselves, so that its
-        ``grad_fn`` links to theirs (their backward runs fused with this one's)."""
+        ``grad_fn`` links to theirs (their backward runs fused with this one's); ``native``:
+        autograd keeps what it saves itself (``program.Plan.native``)."""
         if first is None:
             first = v not in self.first_done
         self._set_threads(d)
         kind = self.g.nodes[v].kind
         if kind == "fwd":
-            val, state = self._forward(v, d, first, connect)
+            val, state = self._forward(v, d, first, connect, native)
             if state is not None and self.g.state_reader[v] >= 0:
                 self.state[d][v] = state
         elif kind == "loss":
@@ -400,7 +411,12 @@ class _Runtime:
 
     # ---------------------------------------------------------------- node runners
     def _forward(
-        self, v: int, d: str, first: bool, connect: frozenset[int] = frozenset()
+        self,
+        v: int,
+        d: str,
+        first: bool,
+        connect: frozenset[int] = frozenset(),
+        native: bool = False,
     ) -> tuple[torch.Tensor, _State | None]:
         spec = self.ops[v]
         dev = self.specs[d].torch_device
@@ -417,10 +433,17 @@ class _Runtime:
                 self.loss_value = _infer_loss(y, self.target[d])
             return y, None
         grad_set = self.grad_sets[v]
-        leaves = [
-            t if u in connect else alias_leaf(t, u in grad_set)
-            for t, u in zip(ins, spec.inputs, strict=True)
-        ]
+        anchor = self.anchors[d]
+        boxes: dict[int, list] = {}
+        leaves = []
+        for t, u in zip(ins, spec.inputs, strict=True):
+            if u in connect:
+                leaves.append(t)
+            elif u in grad_set:
+                boxes[u] = []
+                leaves.append(_Tap.apply(t.detach(), anchor, boxes[u]))
+            else:
+                leaves.append(alias_leaf(t, False))
         handles: list[_Saved] = []
         restore_rng = None
         buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -441,12 +464,15 @@ class _Runtime:
         fixed = self.fixed_ptrs[d]
         try:
             with grad_mode:
-                # what torch.autograd.graph.saved_tensors_hooks does, without its Python
-                _push_saved_hooks(_pack_into(handles), _unpack)
-                try:
+                if native:
                     y = run(leaves, self.x[d])
-                finally:
-                    _pop_saved_hooks()
+                else:
+                    # what torch.autograd.graph.saved_tensors_hooks does, without its Python
+                    _push_saved_hooks(_pack_into(handles), _unpack)
+                    try:
+                        y = run(leaves, self.x[d])
+                    finally:
+                        _pop_saved_hooks()
                 out_ptr = y.untyped_storage().data_ptr()
                 if out_ptr in in_ptrs or out_ptr in fixed:
                     y = y.clone()
@@ -475,11 +501,17 @@ class _Runtime:
             else:  # an extra that belongs to this op; freed with its state
                 h.to_extra(self, v)
                 state.extras.append(h)
-        empty = [leaf for leaf, u in zip(leaves, spec.inputs, strict=True) if u not in connect]
+        # a native op's saved inputs are its taps themselves: they live with its grad_fn
+        empty = (
+            []
+            if native
+            else [t for t, u in zip(leaves, spec.inputs, strict=True) if u not in connect]
+        )
+        for leaf, u in zip(leaves, spec.inputs, strict=True):
+            if u in boxes:
+                state.edges[u] = GradientEdge(leaf.grad_fn, 0)
+        state.boxes = boxes
         if empty:
-            for leaf, u in zip(leaves, spec.inputs, strict=True):
-                if leaf.requires_grad and u not in connect:
-                    state.edges[u] = torch.autograd.graph.get_gradient_edge(leaf)
             with torch.no_grad():
                 for leaf in empty:
                     leaf.set_()
@@ -547,11 +579,10 @@ class _Runtime:
             [state.out_edge], inputs + params, [grad_out], retain_graph=True, allow_unused=True
         )
         k = len(inputs)
-        if not self.hooks_accumulate:
-            with torch.no_grad():
-                for p, gp in zip(params, grads[k:], strict=True):
-                    if gp is not None:
-                        p.grad.add_(gp)
+        with torch.no_grad():
+            for p, gp in zip(params, grads[k:], strict=True):
+                if gp is not None:
+                    p.grad.add_(gp)
         out: dict[int, torch.Tensor] = {}
         seen = {storage_ptr(c) for c in contrib}
         self._store_gradients(spec, spec.grad_inputs, grads[:k], d, seen, out)
@@ -584,17 +615,18 @@ class _Runtime:
 
     # ---------------------------------------------------------------- fused backward
     def run_group(self, grp: GroupProgram) -> None:
-        """Run a group of backward computes (``program.Group``) as one autograd pass.
+        """Run a group of backward computes (``program.Group``) as one ``backward()`` pass.
 
-        Roots are the computes whose gradient comes from registers; gradients along internal
-        edges pass inside autograd; the others are captured at their leaves and become the
-        registers the schedule expects. The frees the schedule places after a compute happen
-        when autograd has run it (a hook on its ``grad_fn``), a value read inside the pass at
-        its last unpack, an extra of a state freed in the group when it is read; whatever
-        autograd did not reach is freed after the pass."""
+        The first compute is the root, with the gradient its registers hold; gradients along
+        internal edges pass inside autograd, parameter gradients accumulate into ``.grad`` as
+        in a plain step, and the others reach taps and become the registers the schedule
+        expects. The frees the schedule places after a compute happen when autograd has run
+        it (a hook on its ``grad_fn``): a value read inside the pass at its last unpack, an
+        extra of a state freed in the group when it is read; what autograd did not reach is
+        freed after the pass."""
         d = grp.device
         self._set_threads(d)
-        inputs, outs, params, states = [], [], [], []
+        states: list[_State] = []
         seen: set[int] = set()
         root_grad = None
         for k, c in enumerate(grp.computes):
@@ -608,10 +640,6 @@ class _Runtime:
                 seen.update(storage_ptr(t) for t in contrib)
             elif contrib:
                 raise RuntimeError(f"executor: {self.ops[v].name} is fused but reads a register")
-            for u in c.materialize:
-                inputs.append(state.edges[u])
-            outs.append((c, len(inputs) - len(c.materialize)))
-            params += [self.params[d][n] for n in self.ops[v].param_names]
             self.first_done.add(c.node)
         root = states[0].out_edge
         # autograd's root node would hold the root gradient for the whole pass: it gets a
@@ -625,30 +653,27 @@ class _Runtime:
 
         stand_in = root_grad.new_zeros(()).expand(root_grad.shape)
         del root_grad
+        _do(self, grp.start)
         watch = _Watch(self, grp, states)
         hooks = [root.node.register_prehook(hand_over)]
-        hooks += [s.out_edge.node.register_hook(watch.after(k)) for k, s in enumerate(states)]
-        grads: tuple = ()
+        hooks += [states[k].out_edge.node.register_hook(watch.after(k)) for k in grp.hooked]
         self.watch = watch
         try:
-            if inputs or params:
-                grads = torch.autograd.grad([root], inputs + params, [stand_in], allow_unused=True)
+            torch.autograd.backward([root], [stand_in])
         finally:
             self.watch = None
             for h in hooks:
                 h.remove()
             feed.clear()
-        if not self.hooks_accumulate:
-            with torch.no_grad():
-                for p, gp in zip(params, grads[len(inputs) :], strict=True):
-                    if gp is not None:
-                        p.grad.add_(gp)
-        for c, k in outs:
+        for c, state in zip(grp.computes, states, strict=True):
+            gs = [state.boxes[u].pop() if state.boxes[u] else None for u in c.materialize]
             out: dict[int, torch.Tensor] = {}
-            gs = grads[k : k + len(c.materialize)] if grads else (None,) * len(c.materialize)
             self._store_gradients(self.ops[c.fwd], c.materialize, gs, d, seen, out)
             self.reg[d][c.node] = out
         watch.finish()
+
+
+Action = tuple[str, int, str]  # (free | free_state, node, device)
 
 
 @dataclass(frozen=True)
@@ -657,53 +682,51 @@ class ComputeInGroup:
     fwd: int  # v
     internal: frozenset[int]  # consumers w whose gradient to v flows inside autograd
     materialize: tuple[int, ...]  # inputs u of v whose gradient becomes a register
-    after: tuple[tuple[str, int, str], ...]  # the schedule's frees after it: (kind, node, dev)
+    after: tuple[Action, ...]  # frees done by a hook once autograd has run it
 
 
 @dataclass(frozen=True)
 class GroupProgram:
-    """A ``program.Group`` resolved for the runtime."""
+    """A ``program.Group`` resolved for the runtime: every free the schedule places inside
+    the group, sorted by when it can happen without changing what the allocator sees.
+
+    ``start``: before the pass, because autograd itself then holds what they free for as long
+    as the schedule does (a value a native state saved: autograd releases it when that state's
+    backward has run; the register a root gradient is); ``unpacked``: values read through
+    lookups, freed at their last unpack; ``after`` (per compute): by a hook when autograd has
+    run the compute; ``end``: after the pass (the group's own gradient registers and states)."""
 
     device: str
     computes: tuple[ComputeInGroup, ...]
-    own: frozenset[int]  # the group's backward nodes (their registers exist after the pass)
+    start: tuple[Action, ...]
+    unpacked: frozenset[int]
+    end: tuple[Action, ...]
+
+    @property
+    def hooked(self) -> tuple[int, ...]:
+        return tuple(k for k, c in enumerate(self.computes) if c.after)
 
 
 class _Watch:
-    """The schedule's frees inside a fused group, done as autograd reaches them."""
+    """The frees a fused group does while autograd runs it (one per group call)."""
 
     def __init__(self, rt: _Runtime, grp: GroupProgram, states: list[_State]) -> None:
         self.rt, self.grp = rt, grp
-        self.done = [False] * len(grp.computes)
-        self.deferred: list[tuple[str, int, str]] = []
-        freed_here = {
-            node
-            for c in grp.computes
-            for kind, node, dev in c.after
-            if kind == "free" and dev == grp.device
-        }
         self.left: dict[int, int] = {}  # value -> unpacks by the group's states still to come
         for s in states:
             for h in s.lookups:
-                if h.node in freed_here:
+                if h.node in grp.unpacked:
                     self.left[h.node] = self.left.get(h.node, 0) + 1
-        fwds = {c.fwd for c in grp.computes}
-        self.drop_extras = frozenset(
-            node
-            for c in grp.computes
-            for kind, node, dev in c.after
-            if kind == "free_state" and dev == grp.device and node in fwds
-        )
+        self.drop_extras = frozenset(node for kind, node, _ in grp.end if kind == "free_state")
+        self.done = [False] * len(grp.computes)
 
     def value_read(self, u: int) -> None:
         n = self.left.get(u)
         if n is None:
             return
-        if n > 1:
-            self.left[u] = n - 1
-            return
-        self.left[u] = 0
-        self.rt.free(u, self.grp.device)
+        self.left[u] = n - 1
+        if n == 1:
+            self.rt.free(u, self.grp.device)
 
     def extra_read(self, h: _Saved) -> None:
         if h.owner in self.drop_extras:
@@ -716,50 +739,24 @@ class _Watch:
         return hook
 
     def run_after(self, k: int) -> None:
-        """The frees after the group's ``k``-th compute, when autograd has run it. What must
-        wait is deferred to :meth:`finish`: the group's own gradient registers and states
-        (they exist after the pass), a value still to be unpacked (freed at its last unpack)."""
-        if self.done[k]:
-            return
-        self.done[k] = True
-        rt, grp, d = self.rt, self.grp, self.grp.device
-        for act in grp.computes[k].after:
-            kind, node, dev = act
-            if dev == d and (
-                node in grp.own or (kind == "free_state" and node in self.drop_extras)
-            ):
-                self.deferred.append(act)
-            elif kind == "free_state":
-                rt.free_state(node, dev)
-            elif dev == d and node in self.left:
-                if self.left[node]:
-                    self.deferred.append(act)
-            else:
-                rt.free(node, dev)
+        if not self.done[k]:
+            self.done[k] = True
+            _do(self.rt, self.grp.computes[k].after)
 
     def finish(self) -> None:
-        """After the pass: the deferred frees, and those of computes autograd did not reach."""
+        """After the pass: the hooked frees autograd did not reach, values not unpacked as
+        often as expected, and the end frees."""
         for k in range(len(self.done)):
             self.run_after(k)
-        rt = self.rt
-        for kind, node, dev in self.deferred:
-            if kind == "free_state":
-                rt.free_state(node, dev)
-            elif node in self.left and not self.left[node]:
-                continue  # freed at its last unpack in the meantime
-            else:
-                rt.free(node, dev)
+        for u, n in self.left.items():
+            if n > 0:
+                self.rt.free(u, self.grp.device)
+        _do(self.rt, self.grp.end)
 
 
-def _accumulate_into(p: torch.Tensor):
-    zero = p.new_zeros(()).expand(p.shape)
-
-    def hook(g: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            p.grad.add_(g)
-        return zero  # what autograd returns for p: nothing to hold
-
-    return hook
+def _do(rt: _Runtime, actions: Sequence[Action]) -> None:
+    for kind, node, dev in actions:
+        (rt.free_state if kind == "free_state" else rt.free)(node, dev)
 
 
 def _infer_loss(y: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -955,6 +952,7 @@ def compile_program(rt: _Runtime, ops: Sequence[Op], fuse: bool = True) -> list[
         [s.requires_grad for s in rt.ops],
         train=rt.train,
         fuse=fuse,
+        mutates_buffers=[s.mutates_buffers for s in rt.ops],
     )
     connect: dict[int, set[int]] = {}
     for i, u in plan.connect:
@@ -973,7 +971,9 @@ def compile_program(rt: _Runtime, ops: Sequence[Op], fuse: bool = True) -> list[
         d = devices[op.device]
         if op.kind == "compute":
             first = i in plan.first_compute
-            fn = partial(rt.compute, op.node, d, first, frozenset(connect.get(i, ())))
+            fn = partial(
+                rt.compute, op.node, d, first, frozenset(connect.get(i, ())), i in plan.native
+            )
         elif op.kind == "copy":
             fn = partial(rt.copy, op.node, devices[op.src_device], d)
         elif op.kind == "free_state":
@@ -986,16 +986,45 @@ def compile_program(rt: _Runtime, ops: Sequence[Op], fuse: bool = True) -> list[
 
 
 def _group_program(rt: _Runtime, ops: Sequence[Op], plan: Plan, grp: Group) -> GroupProgram:
-    devices = rt.devices
-    fwd_of = {ops[j].node: rt.g.nodes[ops[j].node].fwd_index for j in grp.computes}
-    after: dict[int, list[tuple[str, int, str]]] = {j: [] for j in grp.computes}
+    """Resolve a group: per compute its internal and materialised gradients, and every free
+    in its span sorted into ``start``, ``unpacked``, ``after`` and ``end`` (GroupProgram)."""
+    g, devices, nf = rt.g, rt.devices, rt.nf
+    d = devices[grp.device]
+    fwd_of = {ops[j].node: g.nodes[ops[j].node].fwd_index for j in grp.computes}
+    own_b, own_f = set(fwd_of), set(fwd_of.values())
+    natively_held: set[int] = set()  # values a native state of the group saved
+    looked_up: set[int] = set()  # values a non-native state of the group reads by lookup
+    for j in grp.computes:
+        saved = {e.src for e in g.in_edges[ops[j].node] if g.nodes[e.src].kind == "fwd"}
+        (natively_held if plan.state_of[j] in plan.native else looked_up).update(saved)
+    first = ops[grp.computes[0]].node
+    n_roots = len(rt.grad_consumers[fwd_of[first]]) + (1 if fwd_of[first] == nf - 1 else 0)
+    after: dict[int, list[Action]] = {j: [] for j in grp.computes}
+    start: list[Action] = []
+    end: list[Action] = []
+    unpacked: set[int] = set()
     j = grp.first
     for i in range(grp.first, grp.last + 1):
         op = ops[i]
         if op.kind == "compute":
             j = i
+            continue
+        act = (op.kind, op.node, devices[op.device])
+        u, kind = op.node, g.nodes[op.node].kind
+        if act[2] != d:
+            after[j].append(act)
+        elif op.kind == "free_state":
+            (end if u in own_f else after[j]).append(act)
+        elif u in own_b:
+            end.append(act)
+        elif kind == "fwd" and u in looked_up:
+            unpacked.add(u)
+        elif kind == "fwd" and u in natively_held:
+            start.append(act)
+        elif kind != "fwd" and n_roots == 1:
+            start.append(act)  # the root gradient itself: autograd holds it until it is used
         else:
-            after[j].append((op.kind, op.node, devices[op.device]))
+            after[j].append(act)
     computes = []
     for j in grp.computes:
         b = ops[j].node
@@ -1003,7 +1032,7 @@ def _group_program(rt: _Runtime, ops: Sequence[Op], plan: Plan, grp: Group) -> G
         internal = frozenset(fwd_of[ops[k].node] for k in grp.computes if (k, v) in plan.internal)
         materialize = tuple(u for u in rt.ops[v].grad_inputs if (j, u) not in plan.internal)
         computes.append(ComputeInGroup(b, v, internal, materialize, tuple(after[j])))
-    return GroupProgram(devices[grp.device], tuple(computes), frozenset(fwd_of))
+    return GroupProgram(d, tuple(computes), tuple(start), frozenset(unpacked), tuple(end))
 
 
 class CompiledSchedule:
@@ -1064,14 +1093,13 @@ class CompiledSchedule:
         self._restore()
         rt.reset()
         rt.zero_grads()
-        with rt.accumulating_in_hooks() if rt.train else nullcontext():
-            if labelled:
-                for fn, label in self.program:
-                    with torch.profiler.record_function(label):
-                        fn()
-            else:
-                for fn, _ in self.program:
+        if labelled:
+            for fn, label in self.program:
+                with torch.profiler.record_function(label):
                     fn()
+        else:
+            for fn, _ in self.program:
+                fn()
         if rt.live_count():
             raise RuntimeError(f"executor: {rt.live_count()} registers alive after the step")
 

@@ -25,6 +25,12 @@ group, so that a pass has one root, whose gradient the executor hands over when 
 reaches it (a pre-hook), not when the pass starts. Both keep the measured memory on the
 simulator's timeline.
 
+* a forward compute is **native** when its backward runs in a group and every value it saves
+  is, when that backward runs, still the very register it saved (not freed and made again in
+  between): then autograd may keep its saved tensors itself, as in a plain step, and releases
+  them when the backward has run, just when the schedule frees them; no Python hook runs for
+  them. Otherwise saved tensors are looked up in the registers at backward time.
+
 The plan is a pure function of the op list and the graph: the executor compiles it once per
 schedule and replays it every step.
 """
@@ -59,13 +65,15 @@ class Plan:
     gradients, random state saved); ``state_of``: per backward compute, the op index of the
     forward compute whose state it uses; ``connect``: (forward compute op index, input node)
     pairs fed the register itself; ``internal``: (backward compute op index, input node) pairs
-    whose gradient stays inside autograd; ``groups`` by their first op index."""
+    whose gradient stays inside autograd; ``groups`` by their first op index; ``native``:
+    forward computes whose saved tensors autograd may keep itself (see :func:`_native`)."""
 
     first_compute: frozenset[int]
     state_of: dict[int, int]
     connect: frozenset[tuple[int, int]]
     internal: frozenset[tuple[int, int]]
     groups: dict[int, Group] = field(default_factory=dict)
+    native: frozenset[int] = frozenset()
 
     @property
     def n_fused(self) -> int:
@@ -85,12 +93,15 @@ def compile_plan(
     requires_grad: Sequence[bool],
     train: bool = True,
     fuse: bool = True,
+    mutates_buffers: Sequence[bool] = (),
 ) -> Plan:
     """The plan for ``ops`` (``simulate(...).ops``) on ``graph``.
 
     ``grad_inputs[v]``: forward node ``v``'s inputs that receive a gradient from ``B_v``;
     ``requires_grad[v]``: whether ``v``'s output needs one (else ``B_v`` does nothing);
-    ``fuse=False``: no groups (every backward node its own autograd call, as interpreted)."""
+    ``fuse=False``: no groups (every backward node its own autograd call, as interpreted);
+    ``mutates_buffers[v]``: ``v`` updates module buffers (batch norm), which a recomputation
+    restores in place: autograd would see them changed under what it saved."""
     nf = (graph.size - 1) // 2
     kinds = [v.kind for v in graph.nodes]
     fwd_of = [v.fwd_index for v in graph.nodes]
@@ -99,6 +110,15 @@ def compile_plan(
         for u in grad_inputs[w]:
             consumers[u].append(w)
     state_reader = graph.state_reader
+    # what autograd saves: per forward node its saved inputs, per backward node the forward
+    # values it reads (its twin's saved inputs and, if saved, the twin's output)
+    saved_values: list[list[int]] = [[] for _ in range(graph.size)]
+    for b in range(graph.size):
+        if kinds[b] == "bwd":
+            w = fwd_of[b]
+            saved = [e.src for e in graph.in_edges[b] if kinds[e.src] == "fwd"]
+            saved_values[b] = saved
+            saved_values[w] = [u for u in saved if u != w]
 
     D = 1 + max((op.device for op in ops), default=0)
     D = max(D, 1 + max((op.src_device for op in ops if op.src_device is not None), default=0))
@@ -108,6 +128,7 @@ def compile_plan(
     seen: set[int] = set()
     first_compute: set[int] = set()
     in_inst: dict[int, dict[int, int | None]] = {}  # forward compute -> input -> instance
+    saved_at: dict[int, dict[int, int | None]] = {}  # compute -> saved value -> instance
     state_of: dict[int, int] = {}
     state_uses: dict[int, int] = {}
     copied: set[int] = set()  # compute ops whose register was copied to another device
@@ -136,6 +157,7 @@ def compile_plan(
         if transient[d]:
             uses_copy.add(i)
         kind = kinds[v]
+        saved_at[i] = {u: (None if u in transient[d] else val[d].get(u)) for u in saved_values[v]}
         if kind == "fwd":
             in_inst[i] = {u: (None if u in transient[d] else val[d].get(u)) for u in grad_inputs[v]}
             if state_reader[v] >= 0:
@@ -230,10 +252,25 @@ def compile_plan(
     close(last_op)
 
     connect = {(state_of[k], u) for k, u in internal}
+    n_computes: dict[int, int] = {}
+    for op in ops:
+        if op.kind == "compute":
+            n_computes[op.node] = n_computes.get(op.node, 0) + 1
+    native = set()
+    for grp in groups.values():
+        for k in grp.computes:
+            i = state_of[k]
+            w = ops[i].node
+            if mutates_buffers and mutates_buffers[w] and n_computes[w] > 1:
+                continue
+            made = {**saved_at[i], w: i}  # what the forward saved: inputs, and its own output
+            if all(made.get(u) is not None and made.get(u) == x for u, x in saved_at[k].items()):
+                native.add(i)
     return Plan(
         first_compute=frozenset(first_compute),
         state_of=state_of,
         connect=frozenset(connect),
         internal=frozenset(internal),
         groups=groups,
+        native=frozenset(native),
     )
