@@ -14,6 +14,11 @@ configuration, ``summary.csv``, ``overhead.png``); each configuration ends with 
     python experiments/executor_overhead.py --config r18-224      # one of them
     python experiments/executor_overhead.py --net resnet50 --batch-size 8 --device cuda --predict
 
+glibc's malloc moves its mmap threshold with the allocation history, so the same plain step
+took 34 ms or 63 ms here depending on what ran before it (page faults on fresh memory). The
+script therefore re-runs itself with fixed thresholds (``MALLOC_MMAP_THRESHOLD_``,
+``MALLOC_TRIM_THRESHOLD_``), the same for all three sides; ``--system-malloc`` keeps glibc's.
+
 Named configurations (issue 16): ``r18-224`` resnet18 b4 224 px on all threads, keep
 everything; ``r18-32-cpu1`` resnet18 b2 32 px on one thread (launch-bound, as on a GPU);
 ``r18-224-chen`` resnet18 b4 224 px with Chen's sqrt(n) checkpoints, against its prediction.
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import csv
 import logging
+import os
 import platform
 import statistics
 import sys
@@ -49,6 +55,8 @@ from xengine.simulate import simulate  # noqa: E402
 
 log = logging.getLogger("executor_overhead")
 SCHEDULES = ("checkpoint_all", "chen_sqrtn")
+# large enough that no activation is mmapped and freed memory stays in the heap
+FIXED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(2**30), "MALLOC_TRIM_THRESHOLD_": str(2**32)}
 
 
 @dataclass(frozen=True)
@@ -132,6 +140,7 @@ def run_config(cfg: Config, rounds: int, warmup: int, out: Path) -> dict:
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "cpu": platform.processor() or platform.machine(),
+        "malloc": "fixed thresholds" if "MALLOC_MMAP_THRESHOLD_" in os.environ else "glibc",
         "_times": times,
     }
 
@@ -169,7 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", "--steps", type=int, default=12, help="timed rounds (>= 10)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "executor_overhead")
+    ap.add_argument("--system-malloc", action="store_true", help="keep glibc's moving thresholds")
     args = ap.parse_args(argv)
+    if not args.system_malloc and argv is None and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+        env = dict(os.environ, **FIXED_MALLOC)
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.net:
         name = f"{args.net}-b{args.batch_size}-{args.image_size}-{args.device.replace(':', '')}"

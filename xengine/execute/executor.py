@@ -310,6 +310,9 @@ class _Runtime:
         self.first_fwd_device: dict[int, str] = {}
         self.loss_value: torch.Tensor | None = None
         self.watch: _Watch | None = None
+        # the profiler's clock: called with a backward node when autograd starts running it
+        # inside a fused group (the group's first node: when the pass starts)
+        self.clock: Any = None
 
     def zero_grads(self) -> None:
         for g in self.grad_buffers:
@@ -657,6 +660,13 @@ class _Runtime:
         watch = _Watch(self, grp, states)
         hooks = [root.node.register_prehook(hand_over)]
         hooks += [states[k].out_edge.node.register_hook(watch.after(k)) for k in grp.hooked]
+        if self.clock is not None:
+            self.clock(grp.computes[0].node)
+            hooks += [
+                states[k].out_edge.node.register_prehook(_ticking(self.clock, c.node))
+                for k, c in enumerate(grp.computes)
+                if k
+            ]
         self.watch = watch
         try:
             torch.autograd.backward([root], [stand_in])
@@ -752,6 +762,13 @@ class _Watch:
             if n > 0:
                 self.rt.free(u, self.grp.device)
         _do(self.rt, self.grp.end)
+
+
+def _ticking(clock, node: int):
+    def prehook(grad_outputs):
+        clock(node)
+
+    return prehook
 
 
 def _do(rt: _Runtime, actions: Sequence[Action]) -> None:

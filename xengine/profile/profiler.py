@@ -1,10 +1,10 @@
 """Measured costs: per node and device compute time, per device pair copy time (DESIGN.md s. 4).
 
-Every forward, loss and backward node is timed exactly as the executor runs it (the executor's
-own runtime and node runners: fresh leaves, saved-tensor lookups, ``autograd.grad`` with the
-graph kept, parameter gradients accumulated), on each device, as the median of ``repeats`` runs
-after ``warmup`` runs, with device synchronisation around each run. Copies between two devices
-are timed at a few sizes with the executor's copy and fitted as latency + bytes / bandwidth.
+Every forward, loss and backward node is timed exactly as the executor runs it and as a step
+pays for it: inside keep-everything steps of the compiled executor, ops back to back, on each
+device (:func:`_time_step`), the median of ``repeats`` steps after ``warmup`` steps. Copies
+between two devices are timed at a few sizes with the executor's copy and fitted as latency +
+bytes / bandwidth.
 
 Profiles are cached on disk as JSON, keyed by a hash of what the times depend on: network,
 batch, mode, dtype, input shape, the captured graph's structure, each device's identity (CPU
@@ -42,6 +42,8 @@ FORMAT = "xengine-profile"
 VERSION = 2  # 2: op workspaces per device ("workspace_bytes"); 1 files still load
 READS_VERSIONS = (1, 2)
 COPY_SIZES_BYTES = (2**12, 2**16, 2**20, 2**22, 2**24)
+# how compute times are taken (part of the cache key: a change of method measures again)
+TIMING = "keep-everything steps, compiled executor, ops back to back"
 KEY_FIELDS = ("net", "batch_size", "mode", "dtype", "devices", "torch")
 
 
@@ -235,6 +237,7 @@ def profile_key(captured: CapturedModel, devices: Sequence[str]) -> dict[str, An
         "devices": {d: device_identity(d) for d in devices},
         "torch": torch.__version__,
         "torchvision": torchvision.__version__,
+        "timing": TIMING,
     }
 
 
@@ -335,7 +338,7 @@ def _measure(
     )
     try:
         for d in devices:
-            compute_s[d] = _time_nodes(rt, d, repeats, warmup, bar)
+            compute_s[d] = _time_step(rt, d, repeats, warmup, bar)
         rt.reset()
         for d in devices:
             ws = measure_workspace_bytes(captured, d)
@@ -368,34 +371,64 @@ def _sync(rt, *names: str) -> None:
             torch.cuda.synchronize(s.torch_device)
 
 
-def _time_nodes(rt, d: str, repeats: int, warmup: int, bar) -> dict[str, float]:
-    """Every node once in graph order on ``d`` (outputs kept until their last reader); each
-    timed ``warmup + repeats`` times on the executor's first-computation path."""
+def _time_step(rt, d: str, repeats: int, warmup: int, bar) -> dict[str, float]:
+    """Every node timed the way a step pays for it (DESIGN.md section 4): ``warmup + repeats``
+    keep-everything steps on ``d`` run by the compiled executor, each node's time the interval
+    from its start to the next node's start, ops queued back to back. On the CPU the clock is
+    ``perf_counter`` (ops are synchronous); on CUDA it is an event recorded on the stream
+    (read after the step), so a small kernel costs what it adds to the queue, not a launch
+    and a synchronisation. Backward nodes that run fused start when autograd reaches them (a
+    pre-hook), so they are timed inside the one pass a step makes; the frees after a node are
+    part of its time. The median over the repeats is the node's cost."""
+    from xengine.execute.executor import compile_program
+    from xengine.problem import Instance
+    from xengine.schedule import keep_all_schedule
+    from xengine.simulate import simulate
+
     g = rt.g
-    last_use = [max(s) if s else i for i, s in enumerate(g.successors)]
-    frees_after: dict[int, list[int]] = {}
-    for u, v in enumerate(last_use):
-        frees_after.setdefault(v, []).append(u)
+    inst = Instance.single(g.with_costs({d: {v.name: 0.0 for v in g.nodes}}), d, None)
+    program = compile_program(rt, simulate(inst, keep_all_schedule(inst)).ops)
+    spec = rt.specs[d]
+    samples: list[list[float]] = [[] for _ in range(g.size)]
+    marks: list[tuple[int, Any]] = []
+    if spec.is_cuda:
+
+        def mark(node: int) -> None:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            marks.append((node, ev))
+    else:
+
+        def mark(node: int) -> None:
+            marks.append((node, time.perf_counter()))
+
+    for r in range(warmup + repeats):
+        marks.clear()
+        rt.reset()
+        rt.zero_grads()
+        _sync(rt, d)
+        rt.clock = mark
+        try:
+            for fn, label in program:
+                kind, _, node = label.split("|")[1:4]
+                if kind == "compute":
+                    mark(int(node))
+                fn()
+            mark(-1)
+        finally:
+            rt.clock = None
+        _sync(rt, d)
+        if r >= warmup:
+            for (v, a), (_, b) in zip(marks, marks[1:], strict=False):
+                dt = a.elapsed_time(b) / 1e3 if spec.is_cuda else b - a
+                samples[v].append(dt)
     rt.reset()
     rt.zero_grads()
-    out: dict[str, float] = {}
-    for v in range(g.size):
-        times = []
-        for r in range(warmup + repeats):
-            if r:
-                rt.free(v, d)
-            _sync(rt, d)
-            t0 = time.perf_counter()
-            rt.compute(v, d, first=True)
-            _sync(rt, d)
-            times.append(time.perf_counter() - t0)
-        out[g.nodes[v].name] = float(statistics.median(times[warmup:]))
-        for u in frees_after.get(v, []):
-            rt.free(u, d)
-        bar.update(1)
-    rt.reset()
-    rt.zero_grads()
-    return out
+    bar.update(g.size)
+    return {
+        v.name: float(statistics.median(samples[i])) if samples[i] else 0.0
+        for i, v in enumerate(g.nodes)
+    }
 
 
 def _fit_copy(rt, src: str, dst: str, repeats: int, warmup: int) -> CopyModel:

@@ -1,0 +1,129 @@
+"""The compiled executor (xengine/execute/program.py and CompiledSchedule): which backward
+computes run as one autograd pass, and that the compiled step does exactly what the
+interpreted one (every backward node its own autograd call) does: same loss, same gradients
+bit for bit, same allocator peak."""
+
+from __future__ import annotations
+
+import torch
+from _nets import costed, resnet18_small, tiny
+from _schedules import checkpoint_schedule, forward_devices
+
+from xengine.execute.executor import CompiledSchedule, execute
+from xengine.execute.program import backward_node, compile_plan
+from xengine.problem import Instance
+from xengine.schedule import keep_all_schedule
+from xengine.simulate import simulate
+
+
+def single(cap, device: str = "cpu") -> Instance:
+    return Instance.single(costed(cap.graph, [device]), device, None)
+
+
+def plan_of(cap, inst, sched, **kw):
+    ops = simulate(inst, sched).ops
+    plan = compile_plan(
+        ops,
+        cap.graph,
+        [s.grad_inputs for s in cap.ops],
+        [s.requires_grad for s in cap.ops],
+        mutates_buffers=[s.mutates_buffers for s in cap.ops],
+        **kw,
+    )
+    return ops, plan
+
+
+def test_keep_all_is_one_backward_pass_like_a_plain_step():
+    cap = tiny()
+    inst = single(cap)
+    ops, plan = plan_of(cap, inst, keep_all_schedule(inst))
+    nf = cap.n_forward
+    backward = [i for i, op in enumerate(ops) if op.kind == "compute" and op.node > nf]
+    assert len(plan.groups) == 1
+    (grp,) = plan.groups.values()
+    assert list(grp.computes) == backward
+    # every gradient a forward op hands on flows inside autograd, every forward input that
+    # receives one is connected, and autograd keeps every saved tensor itself
+    edges = {(w, u) for w in range(nf) for u in cap.ops[w].grad_inputs}
+    by_node = {ops[i].node: i for i in backward}
+    assert plan.internal == {(by_node[backward_node(nf, w)], u) for w, u in edges}
+    assert len(plan.connect) == len(edges)
+    assert len(plan.native) == nf
+    # interpreted: no groups, nothing connected
+    _, flat = plan_of(cap, inst, keep_all_schedule(inst), fuse=False)
+    assert not flat.groups and not flat.connect and not flat.native
+
+
+def test_recomputation_splits_the_backward_into_passes():
+    cap = tiny()
+    inst = single(cap)
+    sched = checkpoint_schedule(inst, keep={0, 5, 8})
+    ops, plan = plan_of(cap, inst, sched)
+    assert 1 < len(plan.groups) < cap.n_forward
+    for grp in plan.groups.values():
+        # a pass spans backward computes and frees only, on one device ...
+        for op in ops[grp.first : grp.last + 1]:
+            assert op.kind in ("free", "free_state") or ops.index(op) in grp.computes
+            assert op.device == grp.device or op.kind != "compute"
+        # ... whose forward instances were made in reverse order (autograd's order)
+        states = [plan.state_of[j] for j in grp.computes]
+        assert states == sorted(states, reverse=True)
+    # a recomputed forward op that changes buffers keeps its saved tensors behind lookups
+    by = {v.name: i for i, v in enumerate(cap.graph.nodes)}
+    bn_computes = [i for i, op in enumerate(ops) if op.kind == "compute" and op.node == by["bn1"]]
+    assert len(bn_computes) > 1 and not set(bn_computes) & plan.native
+
+
+def test_compiled_step_equals_the_interpreted_one():
+    cap = resnet18_small()
+    inst = single(cap)
+    scheds = {
+        "keep_all": keep_all_schedule(inst),
+        "checkpoints": checkpoint_schedule(inst, keep=set(range(0, cap.n_forward, 4))),
+    }
+    for name, sched in scheds.items():
+        runs = {}
+        for fuse in (True, False):
+            torch.manual_seed(0)
+            runs[fuse] = execute(cap, inst, sched, n_steps=1, warmup=0, fuse=fuse)
+        a, b = runs[True], runs[False]
+        assert a.loss == b.loss, name
+        for n, g in b.param_grads.items():
+            assert torch.equal(a.param_grads[n], g), (name, n)
+        # same allocator peak to the byte, up to the 8 bytes of autograd's root stand-in
+        assert abs(a.peak_bytes["cpu"] - b.peak_bytes["cpu"]) <= 64, (name, a.peak_bytes, b)
+        assert abs(a.peak_bytes["cpu"] - a.predicted_peak_bytes["cpu"]) <= 64, name
+
+
+def test_two_devices_fuse_per_device_and_match_the_interpreted_step():
+    cap = tiny()
+    devices = ("cpu1", "cpu2")
+    inst = Instance(costed(cap.graph, devices), devices, (10**9, 10**9))
+    nf = cap.n_forward
+    fwd_dev = [0 if v < nf // 2 else 1 for v in range(nf)]
+    sched = checkpoint_schedule(inst, keep=None, device_of=forward_devices(inst, fwd_dev, 1))
+    ops, plan = plan_of(cap, inst, sched)
+    assert {g.device for g in plan.groups.values()} == {0, 1}
+    runs = {}
+    for fuse in (True, False):
+        torch.manual_seed(0)
+        runs[fuse] = execute(cap, inst, sched, n_steps=1, warmup=0, fuse=fuse)
+    assert runs[True].loss == runs[False].loss
+    for n, g in runs[False].param_grads.items():
+        assert torch.equal(runs[True].param_grads[n], g), n
+    for d in devices:
+        assert abs(runs[True].peak_bytes[d] - runs[False].peak_bytes[d]) <= 64, d
+
+
+def test_a_compiled_schedule_replays_the_same_step():
+    cap = tiny()
+    inst = single(cap)
+    sched = checkpoint_schedule(inst, keep={0, 3, 6})
+    with CompiledSchedule(cap, inst, sched) as exe:
+        losses, grads = [], []
+        for _ in range(3):
+            exe.step()
+            losses.append(float(exe.rt.loss_value))
+            grads.append(cap.module.fc.weight.grad.clone())
+    assert losses[0] == losses[1] == losses[2]
+    assert torch.equal(grads[0], grads[2])
