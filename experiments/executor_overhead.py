@@ -145,6 +145,34 @@ def run_config(cfg: Config, rounds: int, warmup: int, out: Path) -> dict:
     }
 
 
+def merged(summary: Path, rows: list[dict], out: Path) -> list[dict]:
+    """The rows of ``summary`` for configurations not run now (their rounds read back from
+    their CSVs), then the new rows: running one named check keeps the others' results."""
+    if not summary.exists():
+        return rows
+    new = {r["config"] for r in rows}
+    with open(summary, newline="") as fh:
+        old = [r for r in csv.DictReader(fh) if r["config"] not in new]
+    kept = []
+    for r in old:
+        try:
+            with open(out / f"{r['config']}.csv", newline="") as fh:
+                rounds = list(csv.DictReader(fh))
+        except OSError:
+            continue
+        r["_times"] = {
+            n: [float(x[f"{n}_step_ms"]) / 1e3 for x in rounds]
+            for n in ("compiled", "interpreted", "plain")
+        }
+        for k in ("batch_size", "image_size"):
+            r[k] = int(r[k])
+        for k in ("ratio", "predicted_ms"):
+            r[k] = float(r[k]) if r[k] != "" else ""
+        kept.append(r)
+    order = list(NAMED)
+    return sorted(kept + rows, key=lambda r: order.index(r["config"]) if r["config"] in order else 99)
+
+
 def plot(rows: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, len(rows), figsize=(4.2 * len(rows), 3.6), squeeze=False)
     for ax, r in zip(axes[0], rows, strict=True):
@@ -217,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ratio_predicted {r['ratio_predicted']:.3f}")
         print(f"ratio {r['ratio']:.3f}", flush=True)
     summary = args.out / ("summary.csv" if not args.net else f"{configs[0].name}_summary.csv")
-    fields = [k for k in rows[0] if not k.startswith("_")]
+    rows = merged(summary, rows, args.out)
+    fields = [k for k in rows[-1] if not k.startswith("_")]
     with open(summary, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
         w.writeheader()
