@@ -170,7 +170,9 @@ def merged(summary: Path, rows: list[dict], out: Path) -> list[dict]:
             r[k] = float(r[k]) if r[k] != "" else ""
         kept.append(r)
     order = list(NAMED)
-    return sorted(kept + rows, key=lambda r: order.index(r["config"]) if r["config"] in order else 99)
+    return sorted(
+        kept + rows, key=lambda r: order.index(r["config"]) if r["config"] in order else 99
+    )
 
 
 def plot(rows: list[dict], path: Path) -> None:
