@@ -4,11 +4,13 @@ Per configuration (net, batch, image size, device, schedule) the schedule is com
 (``CompiledSchedule``) and three steps run interleaved round by round, so that the machine's
 noise hits them alike: the compiled schedule, the same schedule interpreted (every backward
 node its own autograd call, ``fuse=False``: the executor before issue 16) and a plain PyTorch
-step. With ``--predict`` the net is also profiled on the device (cached under
-``results/cache/profiles``) and the simulator's predicted step time is set beside the
-measured one. Medians and ratios go to ``results/executor_overhead/`` (one CSV of rounds per
-configuration, ``summary.csv``, ``overhead.png``); each configuration ends with a line
-``ratio <compiled / plain>`` (``ratio_predicted <measured / predicted>`` for ``--predict``).
+step. With ``--predict`` the net is also profiled on the device, in the same run just before
+the rounds (no cache: machine state changes from one hour to the next), and the simulator's
+predicted step time is set beside the measured one. Medians and ratios go to
+``results/executor_overhead/`` (one CSV of rounds per configuration, ``summary.csv``,
+``summary.png``); each configuration ends with a line
+``ratio <compiled / plain>`` (with ``--predict`` also ``ratio_predicted <measured / predicted>``,
+the measured time being that of compiled steps run one after another, as training runs them).
 
     python experiments/executor_overhead.py                       # the three CPU checks
     python experiments/executor_overhead.py --config r18-224      # one of them
@@ -55,6 +57,7 @@ from xengine.simulate import simulate  # noqa: E402
 
 log = logging.getLogger("executor_overhead")
 SCHEDULES = ("checkpoint_all", "chen_sqrtn")
+SIDES = ("compiled", "interpreted", "plain")
 # large enough that no activation is mmapped and freed memory stays in the heap
 FIXED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(2**30), "MALLOC_TRIM_THRESHOLD_": str(2**32)}
 
@@ -90,7 +93,8 @@ def run_config(cfg: Config, rounds: int, warmup: int, out: Path) -> dict:
     cap = capture_net(cfg.net, cfg.batch_size, image_size=cfg.image_size)
     graph = cap.graph
     if cfg.predict:
-        prof = profile_model(cap, [cfg.device], cache_dir=ROOT / "results/cache/profiles")
+        # measured now, not from the cache: profile and steps side by side in one run
+        prof = profile_model(cap, [cfg.device], cache_dir=None, progress=False)
         graph = apply_profile(graph, prof)
     inst = Instance.single(graph, cfg.device, None)
     sched = schedule_for(inst, cfg.schedule)
@@ -115,12 +119,22 @@ def run_config(cfg: Config, rounds: int, warmup: int, out: Path) -> dict:
                     rounds,
                     *(1e3 * times[n][-1] for n in ("compiled", "interpreted", "plain")),
                 )
+        # a schedule against its own prediction: its steps one after another, as training
+        # runs them (interleaving the three sides leaves each step's caches to another)
+        if cfg.predict:
+            times["consecutive"] = [compiled.step()[0] for _ in range(rounds)]
     med = {n: statistics.median(t) for n, t in times.items()}
     with open(out / f"{cfg.name}.csv", "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["round", "compiled_step_ms", "interpreted_step_ms", "plain_step_ms"])
-        for k, row in enumerate(zip(*times.values(), strict=True)):
+        for k, row in enumerate(zip(*(times[n] for n in SIDES), strict=True)):
             w.writerow([k, *(f"{1e3 * t:.3f}" for t in row)])
+    if cfg.predict:
+        with open(out / f"{cfg.name}_consecutive.csv", "w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(["step", "compiled_step_ms", "predicted_ms"])
+            for k, t in enumerate(times["consecutive"]):
+                w.writerow([k, f"{1e3 * t:.3f}", f"{1e3 * predicted_s:.3f}"])
     return {
         "config": cfg.name,
         "net": cfg.net,
@@ -136,7 +150,8 @@ def run_config(cfg: Config, rounds: int, warmup: int, out: Path) -> dict:
         "ratio": round(med["compiled"] / med["plain"], 4),
         "interpreted_ratio": round(med["interpreted"] / med["plain"], 4),
         "predicted_ms": round(1e3 * predicted_s, 3) if cfg.predict else "",
-        "ratio_predicted": round(med["compiled"] / predicted_s, 4) if cfg.predict else "",
+        "consecutive_median_ms": round(1e3 * med["consecutive"], 3) if cfg.predict else "",
+        "ratio_predicted": round(med["consecutive"] / predicted_s, 4) if cfg.predict else "",
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "cpu": platform.processor() or platform.machine(),
@@ -160,10 +175,13 @@ def merged(summary: Path, rows: list[dict], out: Path) -> list[dict]:
                 rounds = list(csv.DictReader(fh))
         except OSError:
             continue
-        r["_times"] = {
-            n: [float(x[f"{n}_step_ms"]) / 1e3 for x in rounds]
-            for n in ("compiled", "interpreted", "plain")
-        }
+        r["_times"] = {n: [float(x[f"{n}_step_ms"]) / 1e3 for x in rounds] for n in SIDES}
+        cons = out / f"{r['config']}_consecutive.csv"
+        if cons.exists():
+            with open(cons, newline="") as fh:
+                r["_times"]["consecutive"] = [
+                    float(x["compiled_step_ms"]) / 1e3 for x in csv.DictReader(fh)
+                ]
         for k in ("batch_size", "image_size"):
             r[k] = int(r[k])
         for k in ("ratio", "predicted_ms"):
@@ -183,6 +201,14 @@ def plot(rows: list[dict], path: Path) -> None:
             ax.plot(t, marker, ms=3, label=f"{name} (median {statistics.median(t):.1f} ms)")
         if r["predicted_ms"] != "":
             ax.axhline(r["predicted_ms"], color="k", ls=":", label="predicted (profile)")
+            if "consecutive" in r["_times"]:
+                t = [1e3 * x for x in r["_times"]["consecutive"]]
+                ax.plot(
+                    t,
+                    "d--",
+                    ms=3,
+                    label=f"compiled, consecutive (median {statistics.median(t):.1f} ms)",
+                )
         ax.set_title(
             f"{r['config']}: {r['net']} b{r['batch_size']} {r['image_size']}px {r['device']}\n"
             f"{r['schedule']}, compiled / plain = {r['ratio']:.3f}",
@@ -241,7 +267,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{cfg.schedule}: compiled {r['compiled_median_ms']:.1f} ms, interpreted "
             f"{r['interpreted_median_ms']:.1f} ms, plain {r['plain_median_ms']:.1f} ms "
             f"({args.rounds} interleaved rounds)"
-            + (f", predicted {r['predicted_ms']:.1f} ms" if cfg.predict else "")
+            + (
+                f"; predicted {r['predicted_ms']:.1f} ms, {args.rounds} consecutive compiled "
+                f"steps {r['consecutive_median_ms']:.1f} ms"
+                if cfg.predict
+                else ""
+            )
         )
         if cfg.predict:
             print(f"ratio_predicted {r['ratio_predicted']:.3f}")
