@@ -31,6 +31,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from xengine.execute.executor import available_devices
 from xengine.graph.types import GraphError
 from xengine.pipeline import (
     ConfigError,
@@ -145,14 +146,29 @@ def _as_tuple(value: Any) -> tuple[str, ...]:
 
 
 def _devices(cfg: DictConfig) -> tuple[str, ...]:
-    """The device mix: the ``devices`` group (``names: [cpu2, cpu1]``), or a plain list or
-    ``+``-joined string where a config sets ``devices`` directly."""
+    """The device mix: the ``devices`` group (``names: [cpu2, cpu1]``, or ``auto``: every
+    device torch sees), or a plain list or ``+``-joined string where a config sets
+    ``devices`` directly."""
     dev = cfg.devices
     if isinstance(dev, DictConfig):
         if "names" not in dev:
             raise ConfigError("devices has no 'names': choose devices=<mix> (conf/devices/)")
         dev = dev.names
-    return _as_tuple(dev)
+    names = _as_tuple(dev)
+    return available_devices() if names == ("auto",) else names
+
+
+def _one_device_note(cfg: DictConfig, run_cfg: RunConfig) -> None:
+    """``devices=auto`` found one device: say in one line that XEngine needs two, and how."""
+    dev = cfg.devices
+    auto = _as_tuple(dev.names if isinstance(dev, DictConfig) else dev) == ("auto",)
+    if auto and len(run_cfg.devices) == 1:
+        log.warning(
+            "XEngine needs two devices and torch sees one (%s): only single-device strategies "
+            "run; ask for two with devices=cpu2+cpu1, or plan for a GPU with devices=cpu+cuda "
+            "profile.path=results/profiles/resnet18-b4-cpu+cuda.profile.json execute=false",
+            run_cfg.devices[0],
+        )
 
 
 def _mem(cfg: DictConfig) -> tuple[str, ...] | dict[str, Any]:
@@ -402,6 +418,8 @@ def main(cfg: DictConfig) -> None:
         console = _level(cfg.log_level)
         _set_console_level(console)
         run_cfg = run_config_from(cfg)
+        if not multirun:
+            _one_device_note(cfg, run_cfg)
         prepared = prepare(run_cfg)
     except BAD_INPUT as exc:
         if not multirun:

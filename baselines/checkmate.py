@@ -22,6 +22,7 @@ from baselines.heuristics import (
     require_one_device,
     run_heuristics,
 )
+from xengine import progress as status
 from xengine.formulation import build
 from xengine.graph.types import Graph
 from xengine.problem import Instance
@@ -147,6 +148,7 @@ def solve_checkmate(
             log.warning("warm start from %s violates the model by %.3g", seed.strategy, viol)
             extra["warm_start_violation"] = viol
 
+    progress = _shown(progress, form.time_scale)
     res = solve(model, solver, options, warm_start=x0, progress=progress)
     solve_time_s = res.solve_time_s
     if x0 is not None and res.has_solution and not _consistent(model, res):
@@ -257,3 +259,17 @@ def solve_checkmate(
         )
         log.warning("%s: %s", g.name, out.message)
     return out
+
+
+def _shown(progress: ProgressFn | None, time_scale: float) -> ProgressFn:
+    """``progress``, and the live status line (its incumbent and bound in seconds)."""
+
+    def report(elapsed_s: float, incumbent: float | None, bound: float | None) -> None:
+        status.report(
+            incumbent_s=None if incumbent is None else incumbent * time_scale,
+            bound_s=None if bound is None else bound * time_scale,
+        )
+        if progress is not None:
+            progress(elapsed_s, incumbent, bound)
+
+    return report

@@ -7,6 +7,7 @@ and the MLflow store under ``tmp_path``; the run on a real (tiny) network is mar
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from mlflow import MlflowClient
 
 from baselines.checkmate import min_feasible_budget_bytes
@@ -245,6 +247,32 @@ def test_flatten_config():
 
 
 # --------------------------------------------------------------------------- config
+def test_devices_auto_is_every_device_torch_sees(monkeypatch, caplog):
+    from hydra import compose, initialize_config_dir
+
+    sys.path.insert(0, str(REPO))
+    try:
+        import run
+    finally:
+        sys.path.remove(str(REPO))
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config")
+        assert cfg.devices.names == "auto"
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        assert run.run_config_from(cfg).devices == ("cpu", "cuda")
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        rc = run.run_config_from(cfg)
+        assert rc.devices == ("cpu",)
+        with caplog.at_level(logging.WARNING):
+            run._one_device_note(cfg, rc)
+        (rec,) = caplog.records
+        assert "XEngine needs two devices" in rec.message and "devices=cpu2+cpu1" in rec.message
+        caplog.clear()
+        named = compose(config_name="config", overrides=["devices=cpu"])
+        run._one_device_note(named, run.run_config_from(named))  # asked for one: no note
+        assert not caplog.records
+
+
 def test_default_config_composes_to_the_documented_defaults():
     from hydra import compose, initialize_config_dir
 

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 from xengine.compare import warm_start
 from xengine.graph.types import Edge, Graph, GraphError
 from xengine.problem import Instance
+from xengine.progress import StatusLine
 from xengine.result import StrategyResult
 from xengine.schedule import Schedule
 from xengine.simulate import ScheduleError, simulate
@@ -950,8 +951,10 @@ def _solve(
         kwargs.update(progress=_progress(label))
     log.info("%s: solving on %s, budget %s", label, ",".join(inst.devices), _budget_list(inst))
     t0 = time.perf_counter()
+    detail = kwargs.get("solver", "") if spec.uses_solver else ""
     try:
-        res = target(inst, **kwargs)
+        with StatusLine(label, str(detail), enabled=cfg.progress):
+            res = target(inst, **kwargs)
     except Exception as exc:  # a failing strategy is recorded, the run goes on
         log.warning("%s failed: %s: %s", label, type(exc).__name__, exc)
         log.info("%s traceback", label, exc_info=True)
@@ -1052,7 +1055,10 @@ def _reference(cfg: RunConfig, prep: Prepared, device: str) -> tuple[Any, RunRow
     row = RunRow(label=label, strategy="pytorch", devices=(device,), status="reference")
     try:
         prep.start_state.restore()
-        ref = reference_step(prep.captured, n_steps=cfg.n_steps, warmup=cfg.warmup, device=device)
+        with StatusLine(f"plain PyTorch step on {device}", enabled=cfg.progress):
+            ref = reference_step(
+                prep.captured, n_steps=cfg.n_steps, warmup=cfg.warmup, device=device
+            )
     except Exception as exc:
         log.warning("reference step failed: %s: %s", type(exc).__name__, exc)
         log.info("reference traceback", exc_info=True)
@@ -1089,7 +1095,8 @@ def _execute_into(
     log.info("%s: executing %d steps after %d warm-up", row.label, cfg.n_steps, cfg.warmup)
     try:
         prep.start_state.restore()
-        ex = execute(prep.captured, inst, res.schedule, n_steps=cfg.n_steps, warmup=cfg.warmup)
+        with StatusLine(f"executing {row.label}", enabled=cfg.progress):
+            ex = execute(prep.captured, inst, res.schedule, n_steps=cfg.n_steps, warmup=cfg.warmup)
     except Exception as exc:
         log.warning("%s: execution failed: %s: %s", row.label, type(exc).__name__, exc)
         log.info("%s execution traceback", row.label, exc_info=True)

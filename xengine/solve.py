@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 
+from xengine import progress
 from xengine.formulation import build, default_free_rows
 from xengine.problem import Instance
 from xengine.result import StrategyResult
@@ -34,6 +35,7 @@ class _ProgressLog:
         incumbent = None if incumbent is None else incumbent * self.scale
         bound = None if bound is None else bound * self.scale
         self.points.append((float(elapsed_s), incumbent, bound))
+        progress.report(incumbent_s=incumbent, bound_s=bound)
         new_incumbent = incumbent is not None and incumbent != self._logged_incumbent
         if not new_incumbent and elapsed_s - self._logged_at_s < BOUND_LOG_INTERVAL_S:
             return

@@ -57,6 +57,7 @@ from torch._C._autograd import _pop_saved_tensors_default_hooks as _pop_saved_ho
 from torch._C._autograd import _push_saved_tensors_default_hooks as _push_saved_hooks
 from torch.autograd.graph import GradientEdge
 
+from xengine import progress
 from xengine.execute.program import Group, Plan, compile_plan
 from xengine.graph.capture import (
     CapturedModel,
@@ -121,6 +122,12 @@ def parse_device(name: str, default_threads: int | None = None) -> DeviceSpec:
             )
         return DeviceSpec(name, torch.device("cuda", idx), None)
     raise ValueError(f"unknown device {name!r}: use 'cpu', 'cpu<threads>', 'cuda' or 'cuda:<i>'")
+
+
+def available_devices() -> tuple[str, ...]:
+    """Every device torch sees: ``cpu``, and ``cuda`` when a CUDA device is present (what
+    ``devices=auto`` runs on)."""
+    return ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
 
 
 def _get_rng(dev: torch.device) -> torch.Tensor:
@@ -1181,6 +1188,7 @@ def execute(
     cuda_peak = dict.fromkeys(exe.cuda_devices, 0)
     with exe:
         for k in range(warmup + n_steps):
+            progress.report(step=(k + 1, warmup + n_steps))
             dt, peaks = exe.step()
             if k >= warmup:
                 times.append(dt)
@@ -1386,6 +1394,7 @@ def reference_step(
     source = "cuda caching allocator statistics"
     with plain:
         for k in range(warmup + n_steps):
+            progress.report(step=(k + 1, warmup + n_steps))
             dt, peak = plain.step()
             if k >= warmup:
                 times.append(dt)
