@@ -247,14 +247,20 @@ def test_flatten_config():
 
 
 # --------------------------------------------------------------------------- config
-def test_devices_auto_is_every_device_torch_sees(monkeypatch, caplog):
-    from hydra import compose, initialize_config_dir
-
+def _run_module():
+    """``run.py`` imported as a module (its functions, not its Hydra entry point)."""
     sys.path.insert(0, str(REPO))
     try:
         import run
     finally:
         sys.path.remove(str(REPO))
+    return run
+
+
+def test_devices_auto_is_every_device_torch_sees(monkeypatch, caplog):
+    from hydra import compose, initialize_config_dir
+
+    run = _run_module()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="config")
         assert cfg.devices.names == "auto"
@@ -276,11 +282,7 @@ def test_devices_auto_is_every_device_torch_sees(monkeypatch, caplog):
 def test_default_config_composes_to_the_documented_defaults():
     from hydra import compose, initialize_config_dir
 
-    sys.path.insert(0, str(REPO))
-    try:
-        import run
-    finally:
-        sys.path.remove(str(REPO))
+    run = _run_module()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="config")
         rc = run.run_config_from(cfg)
