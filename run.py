@@ -418,9 +418,9 @@ def main(cfg: DictConfig) -> None:
         console = _level(cfg.log_level)
         _set_console_level(console)
         run_cfg = run_config_from(cfg)
-        if not multirun:
-            _one_device_note(cfg, run_cfg)
         prepared = prepare(run_cfg)
+        if not multirun:  # after the input checks: bad input stays one line
+            _one_device_note(cfg, run_cfg)
     except BAD_INPUT as exc:
         if not multirun:
             _fail(str(exc))

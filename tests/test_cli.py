@@ -573,6 +573,43 @@ def test_tiny_net_schedules_execute_and_match_plain_pytorch(tmp_path):
     assert Path(rec.tags_["xe.profile_file"]).exists()  # cached for the next run
 
 
+def test_one_schedule_is_executed_once(tmp_path, monkeypatch):
+    """At 100 % Checkmate, recompute_greedy and checkpoint_all all answer keep-everything:
+    it runs once, and the other rows take that measurement and say so."""
+    from xengine.execute import executor
+
+    calls = []
+    real = executor.execute
+
+    def counting(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(executor, "execute", counting)
+    cfg = RunConfig(
+        net="tiny",
+        batch_size=2,
+        image_size=32,
+        num_classes=10,
+        mem=("100%",),
+        strategies=("checkpoint_all", "checkmate", "recompute_greedy", "chen_sqrtn"),
+        n_steps=1,
+        warmup=0,
+        profile_repeats=1,
+        profile_warmup=0,
+        profile_cache_dir=str(tmp_path / "profiles"),
+        progress=False,
+    )
+    by = {r.label: r for r in run_pipeline(cfg, Recorder())}
+    assert len(calls) == 2  # keep-everything and Chen's schedule
+    first = by["checkpoint_all"]
+    for label in ("checkmate", "recompute_greedy"):
+        row = by[label]
+        assert "measured once with checkpoint_all: the same schedule" in row.note, row.note
+        assert row.measured_time_s == first.measured_time_s and row.grads_match is True
+    assert by["chen_sqrtn"].measured_time_s != first.measured_time_s
+
+
 # --------------------------------------------------------------------------- real network
 @pytest.mark.slow
 def test_tiny_net_end_to_end(tmp_path, store):

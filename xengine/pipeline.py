@@ -21,6 +21,7 @@ A strategy that fails later is recorded with status ``error`` and the run carrie
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import logging
 import re
@@ -29,6 +30,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
+
+import numpy as np
 
 from xengine.compare import warm_start
 from xengine.graph.types import Edge, Graph, GraphError
@@ -652,6 +655,7 @@ def run_pipeline(
 
     # one-device strategies first: their best schedule warm-starts the heterogeneous model
     order = sorted(cfg.run_strategies, key=lambda s: not STRATEGIES[s].one_device)
+    executed: dict[str, tuple[str, Any]] = {}  # schedule key -> (label, its execution)
     alone: list[StrategyResult] = []
     for name in order:
         spec = STRATEGIES[name]
@@ -668,7 +672,7 @@ def run_pipeline(
             row = _row(label, res)
             row.alone = spec.one_device and several
             if cfg.executes and prep.captured is not None:
-                _execute_into(row, res, sub, cfg, prep, references)
+                _execute_into(row, res, sub, cfg, prep, references, executed)
             rows.append(row)
             _record(tracker, row)
             _record_figures(tracker, row, sub)
@@ -1083,8 +1087,13 @@ def _execute_into(
     cfg: RunConfig,
     prep: Prepared,
     references: Mapping[str, Any],
+    executed: dict[str, tuple[str, Any]] | None = None,
 ) -> None:
-    """Run ``res``'s schedule for real when it has one that fits, and compare with PyTorch."""
+    """Run ``res``'s schedule for real when it has one that fits, and compare with PyTorch.
+
+    A schedule already executed in this run on the same devices and budgets (keep-everything
+    is often the answer of four strategies) is not run again: the row takes that measurement
+    and says so in its note, so that one schedule has one measured time."""
     if not res.has_schedule:
         return
     if not res.sim.within_budget:
@@ -1092,16 +1101,27 @@ def _execute_into(
         return
     from xengine.execute.executor import execute
 
-    log.info("%s: executing %d steps after %d warm-up", row.label, cfg.n_steps, cfg.warmup)
-    try:
-        prep.start_state.restore()
-        with StatusLine(f"executing {row.label}", enabled=cfg.progress):
-            ex = execute(prep.captured, inst, res.schedule, n_steps=cfg.n_steps, warmup=cfg.warmup)
-    except Exception as exc:
-        log.warning("%s: execution failed: %s: %s", row.label, type(exc).__name__, exc)
-        log.info("%s execution traceback", row.label, exc_info=True)
-        row.note = f"execution failed: {type(exc).__name__}: {exc}"
-        return
+    key = _schedule_key(res.schedule, inst)
+    if executed is not None and key in executed:
+        first, ex = executed[key]
+        row.note = "; ".join(
+            x for x in (row.note, f"measured once with {first}: the same schedule") if x
+        )
+    else:
+        log.info("%s: executing %d steps after %d warm-up", row.label, cfg.n_steps, cfg.warmup)
+        try:
+            prep.start_state.restore()
+            with StatusLine(f"executing {row.label}", enabled=cfg.progress):
+                ex = execute(
+                    prep.captured, inst, res.schedule, n_steps=cfg.n_steps, warmup=cfg.warmup
+                )
+        except Exception as exc:
+            log.warning("%s: execution failed: %s: %s", row.label, type(exc).__name__, exc)
+            log.info("%s execution traceback", row.label, exc_info=True)
+            row.note = f"execution failed: {type(exc).__name__}: {exc}"
+            return
+        if executed is not None:
+            executed[key] = (row.label, ex)
     row.execution = ex
     _fill_measurement(row, ex)
     if ex.violations:  # measured peak above budget + the executor's stated tolerance
@@ -1117,6 +1137,18 @@ def _execute_into(
             row.label,
             "unknown" if row.grads_max_rel_diff is None else f"{row.grads_max_rel_diff:.3g}",
         )
+
+
+def _schedule_key(sched: Schedule, inst: Instance) -> str:
+    """What makes two executions the same: devices, budgets, and the schedule's R, S and
+    state residency (an implicit minimal residency equals the same made explicit)."""
+    h = hashlib.sha256()
+    h.update(repr((tuple(inst.devices), tuple(int(b) for b in inst.budget_bytes))).encode())
+    for a in (sched.R, sched.S, sched.states_for(inst.graph)):
+        a = np.ascontiguousarray(a, dtype=bool)
+        h.update(repr(a.shape).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
 
 
 def check_grads(
