@@ -18,7 +18,11 @@ import torch
 from mlflow import MlflowClient
 
 from tests.helpers import run_cli
-from xengine.execute.executor import TOLERANCE_FRACTION, TOLERANCE_MIN_BYTES
+from xengine.execute.executor import (
+    TOLERANCE_FRACTION,
+    TOLERANCE_MIN_BYTES,
+    available_devices,
+)
 from xengine.pipeline import ConfigError, RunConfig, prepare, protocol_summary, run_pipeline
 from xengine.schedule import Schedule
 from xengine.solvers import SolverOptions
@@ -68,12 +72,13 @@ def test_devices_group_has_the_documented_mixes():
     from hydra import compose, initialize_config_dir
 
     files = {p.stem for p in (REPO / "conf" / "devices").glob("*.yaml")}
-    assert {"cpu", "cuda", "cpu+cuda", "cpu2+cpu1", "cpu4+cpu1"} <= files
+    assert {"auto", "cpu", "cuda", "cpu+cuda", "cpu2+cpu1", "cpu4+cpu1"} <= files
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         for name in sorted(files):
             # '+' is accepted in a group option name: devices=cpu+cuda
             rc = run_py.run_config_from(compose("config", overrides=[f"devices={name}"]))
-            assert rc.devices == tuple(name.split("+")), name
+            want = available_devices() if name == "auto" else tuple(name.split("+"))
+            assert rc.devices == want, name
         rc = run_py.run_config_from(
             compose("config", overrides=run_py.rewrite_argv(["devices=[cpu3,cpu1]"]))
         )
