@@ -58,7 +58,7 @@ from torch._C._autograd import _push_saved_tensors_default_hooks as _push_saved_
 from torch.autograd.graph import GradientEdge
 
 from xengine import progress
-from xengine.execute.program import Group, Plan, compile_plan
+from xengine.execute.program import Group, Plan, backward_node, compile_plan
 from xengine.graph.capture import (
     CapturedModel,
     alias_leaf,
@@ -558,7 +558,7 @@ class _Runtime:
         contrib: list[torch.Tensor] = []
         for w in self.grad_consumers_desc[v]:
             if w not in skip:
-                contrib.append(self.provided(d, 2 * self.nf - w)[v])
+                contrib.append(self.provided(d, backward_node(self.nf, w))[v])
         if v == self.nf - 1:
             contrib.append(self.provided(d, self.nf))
         return contrib

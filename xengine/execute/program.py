@@ -75,11 +75,6 @@ class Plan:
     groups: dict[int, Group] = field(default_factory=dict)
     native: frozenset[int] = frozenset()
 
-    @property
-    def n_fused(self) -> int:
-        """Backward computes that run inside a group of two or more."""
-        return sum(len(g.computes) for g in self.groups.values() if len(g.computes) > 1)
-
 
 def backward_node(nf: int, v: int) -> int:
     """Index of ``B_v`` for forward node ``v`` (forward 0..nf-1, loss nf, backward after)."""
