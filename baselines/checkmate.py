@@ -10,29 +10,37 @@ the result, so that the model can be held to the simulator.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
 import numpy as np
+import scipy.sparse as sp
 
 from baselines.common import device_name, schedule_from_checkpoints, solve_r_opt
 from baselines.heuristics import (
     best_fitting,
+    evaluate,
     keep_all_if_it_fits,
     require_one_device,
     run_heuristics,
 )
 from xengine import progress as status
 from xengine.formulation import build
+from xengine.frontier import solve_frontier
 from xengine.graph.types import Graph
 from xengine.problem import Instance
 from xengine.result import StrategyResult
 from xengine.simulate import ScheduleError, simulate
-from xengine.solvers import ProgressFn, SolverOptions, solve
+from xengine.solvers import MilpModel, ProgressFn, SolverOptions, solve
+from xengine.solvers.model import relative_gap
 
 log = logging.getLogger(__name__)
 
 TIME_RTOL = 1e-9
+FLOOR_RTOL = 1e-7
+"""The frontier bound handed to the MILP as a floor is lowered by this much, so that the
+solver's tolerances never cut off the schedule that meets it."""
 
 
 def _consistent(model, res) -> bool:
@@ -75,14 +83,27 @@ def budget_range_message(graph: Graph, infeasible_at: int | None = None) -> str:
     )
 
 
+FRONTIER_SHARE = 0.5
+"""Share of the time limit the frontier relaxation may use before the full MILP starts."""
+
+
 def solve_checkmate(
     inst: Instance,
     solver: str = "highs",
     options: SolverOptions | None = None,
     warm_start: bool = True,
     progress: ProgressFn | None = None,
+    frontier: bool = True,
 ) -> StrategyResult:
     """Solve Checkmate's MILP for a one-device instance.
+
+    With ``frontier`` (default) the frontier relaxation (:mod:`xengine.frontier`) runs first,
+    for at most :data:`FRONTIER_SHARE` of the time limit: its bound holds for this model and
+    is far tighter than the MILP's own (resnet18 b4 at 70 %: 0.3 % from the best schedule in
+    15 s, where the MILP alone ends at 4 % after 120 s), and its solution is often a schedule
+    that fits. When the best fitting schedule meets that bound, it is optimal and the MILP is
+    not needed; otherwise the MILP starts from it, with the bound as a floor on its objective,
+    for the rest of the limit. ``warm_start=False`` gives neither model a start.
 
     The returned schedule is the solver's S with R re-derived by :func:`solve_r_opt` (unused
     residents dropped first); ``extra`` keeps the solver's raw schedule and its simulation
@@ -92,32 +113,60 @@ def solve_checkmate(
     """
     require_one_device(inst, "checkmate")
     options = options or SolverOptions()
+    t_start = time.perf_counter()
     g = inst.graph
     budget = int(inst.budget_bytes[0])
-    extra: dict = {}
     if budget < int(g.node_lower_bound_bytes(inst.devices[0]).max()):
         # some op's inputs and output alone exceed the budget: no model needs building
-        return StrategyResult(
-            strategy="checkmate",
-            devices=inst.devices,
-            budget_bytes=inst.budget_bytes,
-            status="infeasible",
-            solver=solver,
-            message=f"no schedule of {g.name!r} fits {budget} bytes: " + budget_range_message(g),
-        )
+        return _infeasible(inst, solver, budget_range_message(g))
 
     answer = keep_all_if_it_fits(inst, "checkmate", solver)
     if answer is not None:  # nothing to solve
         return answer
 
+    seed, extra = _heuristic_seed(inst)
+    bound_s = None
+    if frontier:
+        seed, bound_s, done = _frontier_phase(
+            inst, solver, options, seed if warm_start else None, progress, extra, t_start
+        )
+        if done is not None:
+            return done
+    elif not warm_start:
+        seed = None
+    remaining = options
+    if options.time_limit_s is not None:
+        left_s = options.time_limit_s - (time.perf_counter() - t_start)
+        remaining = dataclasses.replace(options, time_limit_s=max(left_s, 1.0))
+    out = _solve_milp(inst, solver, remaining, seed, bound_s, progress, extra)
+    _apply_bound(out, bound_s, options.rel_gap)
+    if not out.has_schedule and seed is not None and seed.strategy == FRONTIER:
+        return _frontier_answer(inst, solver, seed, bound_s, options.rel_gap, extra, t_start, out)
+    return out
+
+
+def _infeasible(inst: Instance, solver: str, why: str, **fields) -> StrategyResult:
+    return StrategyResult(
+        strategy="checkmate",
+        devices=inst.devices,
+        budget_bytes=inst.budget_bytes,
+        status="infeasible",
+        solver=solver,
+        message=f"no schedule of {inst.graph.name!r} fits {int(inst.budget_bytes[0])} bytes: "
+        + why,
+        **fields,
+    )
+
+
+def _heuristic_seed(inst: Instance) -> tuple[StrategyResult | None, dict]:
+    """The fastest heuristic schedule that fits (the solve's start), and what each gave."""
+    g = inst.graph
     t_heur = time.perf_counter()
     heur = run_heuristics(inst)
     seed = best_fitting(heur)
     if seed is None:
         # near the smallest budget no heuristic fits; the memory-frugal schedule (no forward
         # checkpoints, gradients kept) often does and gives the solver a start
-        from baselines.heuristics import evaluate
-
         frugal = evaluate(
             inst,
             "no_checkpoints",
@@ -126,7 +175,7 @@ def solve_checkmate(
         )
         if frugal.sim.within_budget:
             seed = frugal
-    extra["heuristics_time_s"] = time.perf_counter() - t_heur
+    extra: dict = {"heuristics_time_s": time.perf_counter() - t_heur}
     extra["heuristics"] = {
         r.strategy: {
             "time_s": r.sim.time_s,
@@ -135,11 +184,175 @@ def solve_checkmate(
         }
         for r in heur
     }
+    return seed, extra
 
+
+FRONTIER = "frontier"
+"""The label of a schedule read from the frontier relaxation's solution."""
+
+
+def _frontier_phase(
+    inst: Instance,
+    solver: str,
+    options: SolverOptions,
+    seed: StrategyResult | None,
+    progress: ProgressFn | None,
+    extra: dict,
+    t_start: float,
+) -> tuple[StrategyResult | None, float | None, StrategyResult | None]:
+    """Solve the frontier relaxation: ``(best start, its bound in s, the final answer when it
+    settles the instance)``. Its schedule replaces the start when it fits and is faster."""
+    limit = options.time_limit_s
+    fr_options = dataclasses.replace(
+        options, time_limit_s=None if limit is None else limit * FRONTIER_SHARE
+    )
+    seed_s = None if seed is None else seed.sim.time_s
+
+    def shown(elapsed_s: float, _relaxed: float | None, bound: float | None) -> None:
+        # the relaxation's own incumbents are not schedules: the incumbent shown is the start
+        status.report(incumbent_s=seed_s, bound_s=bound)
+        if progress is not None:
+            progress(elapsed_s, seed_s, bound)
+
+    status.report(phase="frontier relaxation", incumbent_s=seed_s)
+    fr = solve_frontier(
+        inst, solver, fr_options, start=None if seed is None else seed.schedule, progress=shown
+    )
+    info = {
+        "status": fr.status,
+        "bound_s": fr.bound_s,
+        "solve_time_s": fr.solve_time_s,
+        "build_time_s": fr.build_time_s,
+        "n_vars": fr.n_vars,
+        "n_rows": fr.n_rows,
+    }
+    extra["frontier"] = info
+    if fr.status == "infeasible":
+        if seed is None:
+            why = "the frontier relaxation of Checkmate's model (xengine/frontier.py) is "
+            why += "infeasible; " + budget_range_message(
+                inst.graph, infeasible_at=int(inst.budget_bytes[0])
+            )
+            res = _infeasible(inst, solver, why, n_vars=fr.n_vars, n_rows=fr.n_rows)
+            res.solve_time_s = time.perf_counter() - t_start
+            res.extra = extra
+            return None, None, res
+        log.warning("the frontier relaxation is infeasible, yet %s fits", seed.strategy)
+        info["contradiction"] = seed.strategy
+        return seed, None, None
+    if fr.S is not None:
+        t0 = time.perf_counter()
+        sched = solve_r_opt(inst.graph, fr.S, inst.devices[0], drop_unused=True)
+        cand = evaluate(inst, FRONTIER, sched, t0)
+        info.update(schedule_time_s=cand.sim.time_s, schedule_fits=cand.sim.within_budget)
+        if cand.sim.within_budget and (seed is None or cand.sim.time_s < seed.sim.time_s):
+            seed = cand
+    bound_s = fr.bound_s
+    if seed is not None and bound_s is not None:
+        gap = relative_gap(seed.sim.time_s, min(bound_s, seed.sim.time_s))
+        if gap is not None and gap <= options.rel_gap:
+            return (
+                seed,
+                bound_s,
+                _frontier_answer(inst, solver, seed, bound_s, options.rel_gap, extra, t_start),
+            )
+    return seed, bound_s, None
+
+
+def _frontier_answer(
+    inst: Instance,
+    solver: str,
+    seed: StrategyResult,
+    bound_s: float | None,
+    rel_gap: float,
+    extra: dict,
+    t_start: float,
+    milp: StrategyResult | None = None,
+) -> StrategyResult:
+    """The best schedule at hand as Checkmate's answer: optimal when it meets the frontier
+    bound (no MILP run), else feasible (the MILP ran and found nothing better)."""
+    time_s = seed.sim.time_s
+    bound = None if bound_s is None else min(bound_s, time_s)
+    gap = relative_gap(time_s, bound)
+    optimal = gap is not None and gap <= rel_gap
+    extra["warm_start"] = extra.get("warm_start", seed.strategy)
+    if milp is None:
+        message = (
+            f"proven optimal by the frontier relaxation (xengine/frontier.py): the "
+            f"{seed.strategy} schedule meets its bound, so the full MILP was not run"
+        )
+    else:
+        message = (
+            f"the full MILP ended without a schedule ({milp.message}); "
+            f"kept the {seed.strategy} schedule"
+        )
+    out = StrategyResult(
+        strategy="checkmate",
+        devices=inst.devices,
+        budget_bytes=inst.budget_bytes,
+        status="optimal" if optimal else "feasible",
+        schedule=seed.schedule,
+        sim=seed.sim,
+        solver=solver,
+        solve_time_s=time.perf_counter() - t_start,
+        objective_s=time_s,
+        best_bound_s=bound,
+        gap=gap,
+        message=message,
+        extra=extra,
+    )
+    fr = extra.get("frontier", {})
+    size = (milp.n_vars, milp.n_rows) if milp else (fr.get("n_vars"), fr.get("n_rows"))
+    out.n_vars, out.n_rows = size
+    log.info("checkmate %s: %s (%s)", inst.graph.name, out.status, message)
+    return out
+
+
+def _apply_bound(out: StrategyResult, bound_s: float | None, rel_gap: float) -> None:
+    """Report the frontier bound where it beats the MILP's; an incumbent that meets it is
+    proven optimal."""
+    if bound_s is None or out.objective_s is None or out.status not in ("optimal", "feasible"):
+        return
+    if out.best_bound_s is None or bound_s > out.best_bound_s:
+        out.best_bound_s = min(bound_s, out.objective_s)
+        out.gap = relative_gap(out.objective_s, out.best_bound_s)
+        out.extra["bound_from"] = FRONTIER
+        if out.status == "feasible" and out.gap is not None and out.gap <= rel_gap:
+            out.status = "optimal"
+            out.message = "optimal: the schedule meets the frontier relaxation's bound"
+
+
+def _with_floor(model: MilpModel, floor: float) -> MilpModel:
+    """``model`` with the row ``objective >= floor``: a proven bound handed to the solver,
+    so that its gap starts there (and it stops once an incumbent meets it)."""
+    A = sp.vstack([model.A, sp.csr_matrix(model.c[None, :])]).tocsr()
+    return dataclasses.replace(
+        model,
+        A=A,
+        row_lb=np.r_[model.row_lb, floor - model.offset],
+        row_ub=np.r_[model.row_ub, np.inf],
+    )
+
+
+def _solve_milp(
+    inst: Instance,
+    solver: str,
+    options: SolverOptions,
+    seed: StrategyResult | None,
+    bound_s: float | None,
+    progress: ProgressFn | None,
+    extra: dict,
+) -> StrategyResult:
+    """Checkmate's MILP itself, from ``seed`` (a fitting schedule, or None), with ``bound_s``
+    (a proven bound, or None) as a floor on its objective."""
+    g = inst.graph
+    budget = int(inst.budget_bytes[0])
     form = build(inst, mode="exact")
     model = form.model
+    if bound_s is not None:
+        model = _with_floor(model, bound_s / form.time_scale * (1 - FLOOR_RTOL))
     x0 = None
-    if warm_start and seed is not None:
+    if seed is not None:
         x0 = form.assignment(seed.schedule)
         viol = model.max_violation(x0)
         extra["warm_start"] = seed.strategy
@@ -148,6 +361,7 @@ def solve_checkmate(
             log.warning("warm start from %s violates the model by %.3g", seed.strategy, viol)
             extra["warm_start_violation"] = viol
 
+    status.report(phase="MILP")
     progress = _shown(progress, form.time_scale)
     res = solve(model, solver, options, warm_start=x0, progress=progress)
     solve_time_s = res.solve_time_s
@@ -262,14 +476,13 @@ def solve_checkmate(
 
 
 def _shown(progress: ProgressFn | None, time_scale: float) -> ProgressFn:
-    """``progress``, and the live status line (its incumbent and bound in seconds)."""
+    """The solver's progress in seconds, to ``progress`` and to the live status line."""
 
     def report(elapsed_s: float, incumbent: float | None, bound: float | None) -> None:
-        status.report(
-            incumbent_s=None if incumbent is None else incumbent * time_scale,
-            bound_s=None if bound is None else bound * time_scale,
-        )
+        inc_s = None if incumbent is None else incumbent * time_scale
+        bound_s = None if bound is None else bound * time_scale
+        status.report(incumbent_s=inc_s, bound_s=bound_s)
         if progress is not None:
-            progress(elapsed_s, incumbent, bound)
+            progress(elapsed_s, inc_s, bound_s)
 
     return report

@@ -407,9 +407,10 @@ MILP_CASES = (
 
 @pytest.mark.parametrize("g,budgets", MILP_CASES, ids=[g.name for g, _ in MILP_CASES])
 def test_checkmate_agrees_with_simulator_and_beats_heuristics(g, budgets):
+    # the MILP itself (the frontier relaxation would settle these without it)
     for b in budgets:
         inst = _inst(g, b)
-        res = solve_checkmate(inst, options=OPTS)
+        res = solve_checkmate(inst, options=OPTS, frontier=False)
         assert res.status == "optimal", res.message
         if b >= g.keep_all_peak_bytes():
             # nothing to solve: keep-everything without a solver, and the MILP agrees
@@ -458,7 +459,7 @@ def test_checkmate_discards_a_solution_that_is_not_what_the_solver_says(monkeypa
         (fn(inst) for fn in HEURISTICS.values() if fn(inst).status == "feasible"),
         key=lambda r: r.sim.time_s,
     )
-    res = cm.solve_checkmate(inst, options=OPTS)
+    res = cm.solve_checkmate(inst, options=OPTS, frontier=False)
     assert calls == [True, False]
     assert "warm_start_discarded" in res.extra
     assert res.status == "optimal"
@@ -468,11 +469,11 @@ def test_checkmate_discards_a_solution_that_is_not_what_the_solver_says(monkeypa
 
 def test_checkmate_reports_model_size_and_warm_start():
     g = chain(6)
-    res = solve_checkmate(_inst(g, 6000), options=OPTS)
+    res = solve_checkmate(_inst(g, 6000), options=OPTS, frontier=False)
     assert res.n_vars > 0 and res.n_rows > 0 and res.n_integer > 0
     assert res.extra["warm_start"] in HEURISTICS
     assert res.gap is not None and res.gap <= 1e-6
-    cold = solve_checkmate(_inst(g, 6000), options=OPTS, warm_start=False)
+    cold = solve_checkmate(_inst(g, 6000), options=OPTS, warm_start=False, frontier=False)
     assert "warm_start" not in cold.extra
     assert cold.sim.time_s == pytest.approx(res.sim.time_s)
 

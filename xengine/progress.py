@@ -25,10 +25,12 @@ def report(
     incumbent_s: float | None = None,
     bound_s: float | None = None,
     step: tuple[int, int] | None = None,
+    phase: str | None = None,
 ) -> None:
-    """Tell the active status line (if any) what the work in progress has reached."""
+    """Tell the active status line (if any) what the work in progress has reached; ``phase``
+    names the part of the work now running (e.g. a relaxation before the full model)."""
     if _active is not None:
-        _active.update(incumbent_s=incumbent_s, bound_s=bound_s, step=step)
+        _active.update(incumbent_s=incumbent_s, bound_s=bound_s, step=step, phase=phase)
 
 
 class StatusLine:
@@ -51,6 +53,7 @@ class StatusLine:
         self.incumbent_s: float | None = None
         self.bound_s: float | None = None
         self.step: tuple[int, int] | None = None
+        self.phase: str | None = None
         self._t0 = time.perf_counter()
         self._last_plain = -float("inf")
         self._lock = threading.Lock()
@@ -62,7 +65,8 @@ class StatusLine:
     # ---------------------------------------------------------------- the text
     def text(self) -> str:
         el = time.perf_counter() - self._t0
-        head = self.what + (f" ({self.detail})" if self.detail else "")
+        detail = ", ".join(x for x in (self.detail, self.phase) if x)
+        head = self.what + (f" ({detail})" if detail else "")
         parts = [f"{el:.0f} s"]
         if self.step is not None:
             parts.append(f"step {self.step[0]} of {self.step[1]}")
@@ -108,7 +112,10 @@ class StatusLine:
         incumbent_s: float | None = None,
         bound_s: float | None = None,
         step: tuple[int, int] | None = None,
+        phase: str | None = None,
     ) -> None:
+        if phase is not None:
+            self.phase = phase
         if incumbent_s is not None:
             self.incumbent_s = incumbent_s
         if bound_s is not None:

@@ -1,0 +1,138 @@
+"""The frontier relaxation (xengine/frontier.py): every schedule is a point of it at its own
+time, so its optimum bounds Checkmate's; and solve_checkmate's use of it."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from _nets import costed, tiny
+from _schedules import checkpoint_schedule
+
+import baselines.checkmate as cm
+from baselines.heuristics import run_heuristics
+from xengine.frontier import FrontierResult, build_frontier, solve_frontier
+from xengine.graph.synthetic import chain, training_graph
+from xengine.problem import Instance
+from xengine.simulate import simulate
+from xengine.solvers import SolverOptions, solve
+
+DEV = "cpu"
+OPTS = SolverOptions(time_limit_s=60, rel_gap=1e-9)
+
+
+def _graphs():
+    r = np.random.default_rng(3)
+    with_states = training_graph(
+        "states",
+        [(0, 1), (1, 2), (2, 3), (0, 3), (3, 4)],
+        5,
+        list(r.integers(1, 4, 5) * 1000),
+        {DEV: list(np.round(r.uniform(0.5, 2.0, 5), 2))},
+        loss_cost_s={DEV: 0.25},
+        state_bytes=[500, 0, 700, 300, 0],
+    )
+    return [chain(6), chain(9), with_states, costed(tiny(2).graph, (DEV,))]
+
+
+GRAPHS = _graphs()
+
+
+def _inst(g, budget=None):
+    return Instance.single(g, DEV, budget)
+
+
+def _schedules(g):
+    """Checkpointing schedules over every subset of up to 3 kept forward nodes."""
+    inst = _inst(g)
+    fwd = list(g.forward_indices)
+    for k in range(min(3, len(fwd)) + 1):
+        for keep in itertools.islice(itertools.combinations(fwd, k), 12):
+            yield checkpoint_schedule(inst, set(keep))
+
+
+@pytest.mark.parametrize("g", GRAPHS, ids=lambda g: g.name)
+def test_every_schedule_is_a_point_at_its_own_time(g):
+    # at a budget equal to the schedule's own peak, so the memory rows are tested at their edge
+    n = 0
+    for sched in _schedules(g):
+        peak = int(simulate(_inst(g), sched).peak_bytes.max())
+        inst = _inst(g, peak)
+        sim = simulate(inst, sched)
+        fm = build_frontier(inst)
+        x = fm.assignment(sched)
+        assert fm.model.max_violation(x) <= 1e-9
+        assert fm.model.objective(x) * 1e-3 == pytest.approx(sim.time_s, rel=1e-12)
+        n += 1
+    assert n >= 4
+
+
+@pytest.mark.parametrize("g", GRAPHS, ids=lambda g: g.name)
+def test_heuristic_schedules_are_points_too(g):
+    peak = g.keep_all_peak_bytes(DEV)
+    for frac in (0.6, 0.8):
+        inst = _inst(g, int(frac * peak))
+        fm = build_frontier(inst)
+        for r in run_heuristics(inst):
+            if r.sim.within_budget:
+                x = fm.assignment(r.schedule)
+                assert fm.model.max_violation(x) <= 1e-9, r.strategy
+                assert fm.model.objective(x) * 1e-3 == pytest.approx(r.sim.time_s, rel=1e-12)
+
+
+def _mid_budgets(g):
+    lower, known = cm.min_feasible_budget_bytes(g)
+    peak = g.keep_all_peak_bytes(DEV)
+    return sorted({known, (known + peak) // 2, (3 * known + peak) // 4})
+
+
+@pytest.mark.parametrize("g", GRAPHS, ids=lambda g: g.name)
+def test_bound_never_exceeds_the_milp_optimum_and_answers_agree(g):
+    for b in _mid_budgets(g):
+        inst = _inst(g, b)
+        milp = cm.solve_checkmate(inst, options=OPTS, frontier=False)
+        assert milp.status == "optimal"
+        fr = solve_frontier(inst, options=OPTS)
+        assert fr.status == "optimal"
+        assert fr.bound_s <= milp.sim.time_s * (1 + 1e-7)
+        both = cm.solve_checkmate(inst, options=OPTS)
+        assert both.status == "optimal", both.message
+        assert both.sim.within_budget
+        assert both.sim.time_s == pytest.approx(milp.sim.time_s, rel=1e-7)
+        assert both.best_bound_s <= both.sim.time_s
+        assert "frontier" in both.extra
+
+
+def test_frontier_settles_a_chain_without_the_milp():
+    g = chain(9)
+    inst = _inst(g, _mid_budgets(g)[1])
+    res = cm.solve_checkmate(inst, options=OPTS)
+    assert res.status == "optimal" and res.gap <= 1e-9
+    assert "raw_sim" not in res.extra  # the MILP did not run
+    assert "proven optimal by the frontier relaxation" in res.message
+    assert res.n_vars == res.extra["frontier"]["n_vars"]
+
+
+def test_a_weak_bound_hands_over_to_the_milp_with_a_floor(monkeypatch):
+    # a relaxation that proves only "every op once" and gives no schedule: the MILP must run,
+    # start from the heuristic, take the floor as a row, and still reach the optimum
+    g = chain(9)
+    inst = _inst(g, _mid_budgets(g)[1])
+    base_s = float(inst.compute_s.sum())
+
+    def weak(inst, solver, options, start=None, progress=None):
+        return FrontierResult("feasible", base_s, base_s, None, 0.0, 0.0, 1, 1)
+
+    monkeypatch.setattr(cm, "solve_frontier", weak)
+    res = cm.solve_checkmate(inst, options=OPTS)
+    alone = cm.solve_checkmate(inst, options=OPTS, frontier=False)
+    assert res.status == "optimal" and "raw_sim" in res.extra
+    assert res.n_rows == alone.n_rows + 1  # the floor row
+    assert res.sim.time_s == pytest.approx(alone.sim.time_s, rel=1e-9)
+    # a floor at the optimum itself cuts nothing off
+    form = cm.build(inst, mode="exact")
+    floor = alone.objective_s / form.time_scale * (1 - cm.FLOOR_RTOL)
+    sr = solve(cm._with_floor(form.model, floor), "highs", OPTS)
+    assert sr.status == "optimal"
+    assert form.objective_s(sr.x) == pytest.approx(alone.objective_s, rel=1e-9)
