@@ -1,0 +1,163 @@
+"""Checkmate with and without the frontier relaxation (issue 17), side by side in one run.
+
+For each net (captured and profiled on this machine's CPU as ``python run.py`` does, the
+profile cached under ``results/cache/profiles``) and each budget, Checkmate is solved twice
+under the same time limit: the MILP alone from the best heuristic (``frontier=False``, how
+it ran before), and the frontier relaxation first, then the MILP from the better start with
+the relaxation's bound as a floor (the default). Each row gives the schedule's simulated
+time, the proven bound and gap, and the wall time. Writes
+``results/checkmate_frontier/checkmate_frontier.{csv,png}``.
+
+    python experiments/checkmate_frontier.py --nets resnet18 --budgets 0.5,0.7,0.9 --time-limit-s 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import logging
+import sys
+import time
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from baselines.checkmate import solve_checkmate  # noqa: E402
+from xengine.graph.capture import capture_net  # noqa: E402
+from xengine.plots import save_figure  # noqa: E402
+from xengine.problem import Instance  # noqa: E402
+from xengine.profile.profiler import apply_profile, profile_model  # noqa: E402
+from xengine.solvers import SolverOptions  # noqa: E402
+
+log = logging.getLogger("checkmate_frontier")
+OUT = ROOT / "results" / "checkmate_frontier"
+FIELDS = [
+    "net",
+    "batch_size",
+    "n_nodes",
+    "budget_fraction",
+    "budget_mib",
+    "method",
+    "time_limit_s",
+    "status",
+    "time_ms",
+    "bound_ms",
+    "gap_pct",
+    "wall_s",
+    "frontier_bound_ms",
+    "frontier_s",
+    "start",
+]
+METHODS = {"milp_alone": False, "frontier_then_milp": True}
+
+
+def net_instance_graph(net: str, batch: int):
+    cap = capture_net(net, batch)
+    prof = profile_model(cap, ("cpu",), cache_dir=ROOT / "results" / "cache" / "profiles")
+    return apply_profile(cap.graph, prof)
+
+
+def run(nets, batch, budgets, time_limit_s) -> list[dict]:
+    rows = []
+    for net in nets:
+        g = net_instance_graph(net, batch)
+        peak = g.keep_all_peak_bytes("cpu")
+        for frac in budgets:
+            inst = Instance.single(g, "cpu", int(frac * peak))
+            for method, frontier in METHODS.items():
+                t0 = time.perf_counter()
+                res = solve_checkmate(
+                    inst, options=SolverOptions(time_limit_s=time_limit_s), frontier=frontier
+                )
+                wall = time.perf_counter() - t0
+                fr = res.extra.get("frontier", {})
+                row = {
+                    "net": net,
+                    "batch_size": batch,
+                    "n_nodes": g.size,
+                    "budget_fraction": frac,
+                    "budget_mib": inst.budget_bytes[0] / 2**20,
+                    "method": method,
+                    "time_limit_s": time_limit_s,
+                    "status": res.status,
+                    "time_ms": res.sim.time_s * 1e3 if res.sim is not None else None,
+                    "bound_ms": None if res.best_bound_s is None else res.best_bound_s * 1e3,
+                    "gap_pct": None if res.gap is None else 100 * res.gap,
+                    "wall_s": wall,
+                    "frontier_bound_ms": None if fr.get("bound_s") is None else fr["bound_s"] * 1e3,
+                    "frontier_s": fr.get("solve_time_s"),
+                    "start": res.extra.get("warm_start"),
+                }
+                log.info("%s", {k: v for k, v in row.items() if v is not None})
+                rows.append(row)
+    return rows
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    labels = sorted({(r["net"], r["budget_fraction"]) for r in rows})
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    width = 0.38
+    for k, (method, _) in enumerate(METHODS.items()):
+        gaps = []
+        for net, frac in labels:
+            r = next(
+                x
+                for x in rows
+                if (x["net"], x["budget_fraction"], x["method"]) == (net, frac, method)
+            )
+            gaps.append(r["gap_pct"] if r["gap_pct"] is not None else float("nan"))
+        xs = [i + (k - 0.5) * width for i in range(len(labels))]
+        ax.bar(xs, gaps, width, label=method.replace("_", " "))
+        for x, gap in zip(xs, gaps, strict=True):
+            ax.annotate(f"{gap:.2f}", (x, gap), ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(labels)), [f"{n} {100 * f:.0f} %" for n, f in labels])
+    ax.set_ylabel("proven gap at the limit (%)")
+    limit = rows[0]["time_limit_s"] if rows else ""
+    ax.set_title(f"Checkmate on this CPU: MILP alone vs frontier relaxation first ({limit} s)")
+    ax.legend()
+    save_figure(fig, path)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nets", default="resnet18")
+    ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--budgets", default="0.5,0.7,0.9")
+    ap.add_argument("--time-limit-s", type=float, default=20.0)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    rows = run(
+        args.nets.split(","),
+        args.batch_size,
+        [float(b) for b in args.budgets.split(",")],
+        args.time_limit_s,
+    )
+    OUT.mkdir(parents=True, exist_ok=True)
+    csv_path = OUT / "checkmate_frontier.csv"
+    with csv_path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+    plot(rows, OUT / "checkmate_frontier.png")
+    print(
+        f"{'net':10s} {'budget':>6s} {'method':20s} {'status':9s} "
+        f"{'time ms':>9s} {'bound ms':>9s} {'gap %':>6s} {'wall s':>7s}"
+    )
+    for r in rows:
+        print(
+            f"{r['net']:10s} {100 * r['budget_fraction']:5.0f}% {r['method']:20s} {r['status']:9s} "
+            f"{r['time_ms'] or float('nan'):9.2f} {r['bound_ms'] or float('nan'):9.2f} "
+            f"{r['gap_pct'] if r['gap_pct'] is not None else float('nan'):6.2f} {r['wall_s']:7.1f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
