@@ -6,9 +6,9 @@ under the same time limit: the MILP alone from the best heuristic (``frontier=Fa
 it ran before), and the frontier relaxation first, then the MILP from the better start with
 the relaxation's bound as a floor (the default). Each row gives the schedule's simulated
 time, the proven bound and gap, and the wall time. Writes
-``results/checkmate_frontier/checkmate_frontier.{csv,png}``.
+``results/checkmate_frontier/checkmate_frontier_<limit>s.{csv,png}``.
 
-    python experiments/checkmate_frontier.py --nets resnet18 --budgets 0.5,0.7,0.9 --time-limit-s 20
+    python experiments/checkmate_frontier.py --nets resnet18 --budgets 0.5,0.7,0.9 --time-limit-s 10
 """
 
 from __future__ import annotations
@@ -140,12 +140,13 @@ def main(argv=None) -> int:
         args.time_limit_s,
     )
     OUT.mkdir(parents=True, exist_ok=True)
-    csv_path = OUT / "checkmate_frontier.csv"
+    stem = f"checkmate_frontier_{args.time_limit_s:g}s"
+    csv_path = OUT / f"{stem}.csv"
     with csv_path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=FIELDS)
         w.writeheader()
         w.writerows(rows)
-    plot(rows, OUT / "checkmate_frontier.png")
+    plot(rows, OUT / f"{stem}.png")
     print(
         f"{'net':10s} {'budget':>6s} {'method':20s} {'status':9s} "
         f"{'time ms':>9s} {'bound ms':>9s} {'gap %':>6s} {'wall s':>7s}"

@@ -299,8 +299,8 @@ def test_default_config_composes_to_the_documented_defaults():
     assert rc.devices == available_devices() and rc.mem == {"all": "70%"}
     assert rc.solver == "highs"
     assert rc.memory_texts() == ("70%",) and rc.mem_text == "70%"
-    assert rc.solver_options.time_limit_s == 20.0  # the default run ends within a minute
-    assert len(solvers) == 5 and {s.time_limit_s for s in solvers} == {20}
+    assert rc.solver_options.time_limit_s == 10.0  # the default run ends within a minute
+    assert len(solvers) == 5 and {s.time_limit_s for s in solvers} == {10}
     assert rc.strategies == (
         "checkmate",
         "checkpoint_all",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -168,7 +169,14 @@ def solve_highs(
             obj,
         )
         if _presolve:
-            return solve_highs(model, options, warm_start, progress, _presolve=False)
+            # the second solve gets what is left of the limit, so the two stay within it
+            left = options
+            if options.time_limit_s is not None:
+                left_s = max(float(options.time_limit_s) - elapsed, 1.0)
+                left = dataclasses.replace(options, time_limit_s=left_s)
+            again = solve_highs(model, left, warm_start, progress, _presolve=False)
+            again.solve_time_s += elapsed
+            return again
         # still inconsistent: keep the start, which is a real feasible point, at its true cost,
         # and do not call it optimal
         obj = model.objective(x)
