@@ -99,11 +99,12 @@ def solve_checkmate(
 
     With ``frontier`` (default) the frontier relaxation (:mod:`xengine.frontier`) runs first,
     for at most :data:`FRONTIER_SHARE` of the time limit: its bound holds for this model and
-    is far tighter than the MILP's own (resnet18 b4 at 70 %: 0.3 % from the best schedule in
-    15 s, where the MILP alone ends at 4 % after 120 s), and its solution is often a schedule
-    that fits. When the best fitting schedule meets that bound, it is optimal and the MILP is
-    not needed; otherwise the MILP starts from it, with the bound as a floor on its objective,
-    for the rest of the limit. ``warm_start=False`` gives neither model a start.
+    is far tighter than the MILP's own (resnet18 b4 at 70 %: a gap of 0.82 % after 5 s,
+    where the MILP alone ends at 4.72 % after 10 s and 4.15 % after 120 s; MEASUREMENTS.md),
+    and its solution is often a schedule that fits. When the best fitting schedule meets that
+    bound, it is optimal and the MILP is not needed; otherwise the MILP starts from it, with
+    the bound as a floor on its objective, for the rest of the limit (which counts from the
+    start, heuristics included). ``warm_start=False`` gives neither model a start.
 
     The returned schedule is the solver's S with R re-derived by :func:`solve_r_opt` (unused
     residents dropped first); ``extra`` keeps the solver's raw schedule and its simulation
@@ -124,24 +125,23 @@ def solve_checkmate(
     if answer is not None:  # nothing to solve
         return answer
 
-    seed, extra = _heuristic_seed(inst)
+    best, extra = _heuristic_seed(inst)
+    if not warm_start:
+        best = None
     bound_s = None
     if frontier:
-        seed, bound_s, done = _frontier_phase(
-            inst, solver, options, seed if warm_start else None, progress, extra, t_start
-        )
+        best, bound_s, done = _frontier_phase(inst, solver, options, best, progress, extra, t_start)
         if done is not None:
             return done
-    elif not warm_start:
-        seed = None
-    remaining = options
+    remaining = options  # the limit holds for the whole strategy, heuristics included
     if options.time_limit_s is not None:
         left_s = options.time_limit_s - (time.perf_counter() - t_start)
         remaining = dataclasses.replace(options, time_limit_s=max(left_s, 1.0))
-    out = _solve_milp(inst, solver, remaining, seed, bound_s, progress, extra)
+    start = best if warm_start else None
+    out = _solve_milp(inst, solver, remaining, start, bound_s, progress, extra)
     _apply_bound(out, bound_s, options.rel_gap)
-    if not out.has_schedule and seed is not None and seed.strategy == FRONTIER:
-        return _frontier_answer(inst, solver, seed, bound_s, options.rel_gap, extra, t_start, out)
+    if not out.has_schedule and best is not None and best.strategy == FRONTIER:
+        return _frontier_answer(inst, solver, best, bound_s, options.rel_gap, extra, t_start, out)
     return out
 
 
