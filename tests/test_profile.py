@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from types import SimpleNamespace
 
 import pytest
 from _nets import tiny
@@ -39,6 +40,31 @@ def test_profile_times_every_node_on_every_device(cached):
     assert prof.source.startswith("measured on ")
     (path,) = cache.glob("*.json")
     assert path.name.startswith("tiny-b8-train-")
+
+
+def test_each_device_is_timed_on_itself(monkeypatch):
+    # a one-device keep-everything schedule names device 0; timing cpu1 must run on cpu1
+    # (it ran on the first device of the mix: cpu2's threads, so cpu1 looked the faster one)
+    from xengine.execute.executor import _Runtime
+
+    seen: list[str] = []
+    compute, run_group = _Runtime.compute, _Runtime.run_group
+
+    def spy_compute(self, node, d, *args, **kwargs):
+        seen.append(d)
+        return compute(self, node, d, *args, **kwargs)
+
+    def spy_group(self, gp):
+        seen.append(gp.device)
+        return run_group(self, gp)
+
+    monkeypatch.setattr(_Runtime, "compute", spy_compute)
+    monkeypatch.setattr(_Runtime, "run_group", spy_group)
+    rt = _Runtime(tiny(), ("cpu2", "cpu1"))
+    for d in ("cpu1", "cpu2"):
+        seen.clear()
+        profiler._time_step(rt, d, repeats=1, warmup=0, bar=SimpleNamespace(update=abs))
+        assert seen and set(seen) == {d}
 
 
 def test_cache_hit_returns_the_profile_without_timing(cached, monkeypatch):

@@ -14,6 +14,7 @@ data (``json``, never pickle) and every field is validated; errors name the file
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -43,7 +44,7 @@ VERSION = 2  # 2: op workspaces per device ("workspace_bytes"); 1 files still lo
 READS_VERSIONS = (1, 2)
 COPY_SIZES_BYTES = (2**12, 2**16, 2**20, 2**22, 2**24)
 # how compute times are taken (part of the cache key: a change of method measures again)
-TIMING = "keep-everything steps, compiled executor, ops back to back"
+TIMING = "keep-everything steps on the device itself, compiled executor, ops back to back"
 KEY_FIELDS = ("net", "batch_size", "mode", "dtype", "devices", "torch")
 
 
@@ -387,7 +388,12 @@ def _time_step(rt, d: str, repeats: int, warmup: int, bar) -> dict[str, float]:
 
     g = rt.g
     inst = Instance.single(g.with_costs({d: {v.name: 0.0 for v in g.nodes}}), d, None)
-    program = compile_program(rt, simulate(inst, keep_all_schedule(inst)).ops)
+    # the one-device schedule's ops name device 0; on the runtime, d is device `here`
+    here = rt.devices.index(d)
+    ops = [
+        dataclasses.replace(op, device=here) for op in simulate(inst, keep_all_schedule(inst)).ops
+    ]
+    program = compile_program(rt, ops)
     spec = rt.specs[d]
     samples: list[list[float]] = [[] for _ in range(g.size)]
     marks: list[tuple[int, Any]] = []
