@@ -31,6 +31,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from xengine import interrupt
 from xengine.execute.executor import available_devices
 from xengine.graph.types import GraphError
 from xengine.pipeline import (
@@ -458,7 +459,25 @@ def main(cfg: DictConfig) -> None:
     print(format_table(rows, title=_title(run_cfg, prepared), footer=footer))
 
 
+def _interrupted(exc: KeyboardInterrupt) -> None:
+    """One line for Ctrl-C / SIGTERM, whatever was running, and exit 128 + the signal; the
+    MLflow run (and a sweep's parent) are marked KILLED, so a resumed sweep runs the point
+    again."""
+    from xengine import progress
+    from xengine.sweep import kill_open_sweep
+
+    kill_open_sweep()
+    name = str(exc) if isinstance(exc, interrupt.Interrupted) else "SIGINT"
+    where = f" during {progress.interrupted_during}" if progress.interrupted_during else ""
+    sys.stderr.write(f"interrupted: {name}{where}; nothing is recorded as finished\n")
+    sys.exit(interrupt.exit_code(exc))
+
+
 if __name__ == "__main__":
-    _check_group_choices(sys.argv[1:])
-    sys.argv[1:] = rewrite_argv(sys.argv[1:])
-    main()
+    interrupt.install()
+    try:
+        _check_group_choices(sys.argv[1:])
+        sys.argv[1:] = rewrite_argv(sys.argv[1:])
+        main()
+    except KeyboardInterrupt as exc:
+        _interrupted(exc)

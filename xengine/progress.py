@@ -19,6 +19,8 @@ import time
 from typing import TextIO
 
 _active: StatusLine | None = None
+interrupted_during: str | None = None
+"""The status line's last text when an interrupt ended its work (for the entry point's line)."""
 
 
 def report(
@@ -94,8 +96,10 @@ class StatusLine:
             self._plain(force=True)
         return self
 
-    def __exit__(self, *exc) -> None:
-        global _active
+    def __exit__(self, exc_type, *exc) -> None:
+        global _active, interrupted_during
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+            interrupted_during = interrupted_during or self.text()
         if not self.enabled:
             return
         _active = self._previous

@@ -288,6 +288,25 @@ def sweep_size(hydra_cfg: Any) -> int | None:
 SWEEP_SIZE_ENV = "XENGINE_SWEEP_SIZE"
 
 
+_OPEN_PARENT: list[tuple[str, str]] = []
+"""(tracking URI, run id) of the sweep parent this process opened and has not closed."""
+
+
+def kill_open_sweep() -> None:
+    """Mark the sweep parent that this process opened ``KILLED`` (an interrupted sweep: its
+    points that had not finished run again when it is resumed)."""
+    while _OPEN_PARENT:
+        uri, run_id = _OPEN_PARENT.pop()
+        try:
+            from mlflow import MlflowClient
+
+            client = MlflowClient(tracking_uri=uri)
+            client.set_tag(run_id, "xe.status", "killed")
+            client.set_terminated(run_id, "KILLED")
+        except Exception as exc:  # never hide the interrupt behind a tracking error
+            log.warning("could not close the sweep's parent run %s: %s", run_id, exc)
+
+
 class SweepCallback(_Callback):
     """``hydra.callbacks.sweep._target_=xengine.sweep.SweepCallback``.
 
@@ -325,6 +344,7 @@ class SweepCallback(_Callback):
             self._parent = parent_run_for_sweep(
                 client, experiment, sweep_id_of(config.hydra), keep_open=True
             )
+            _OPEN_PARENT.append((self._uri, self._parent))
         except Exception as exc:  # tracking trouble must not stop the sweep
             log.warning("could not create the sweep's parent run: %s", exc)
 
@@ -347,6 +367,7 @@ class SweepCallback(_Callback):
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         if self._parent is None or self._uri is None:
             return
+        _OPEN_PARENT.clear()
         from mlflow import MlflowClient
 
         try:
@@ -372,6 +393,7 @@ __all__ = [
     "ensure_store",
     "find_finished_run",
     "finish_sweep",
+    "kill_open_sweep",
     "parent_run_for_sweep",
     "sweep_children",
     "sweep_id_of",
