@@ -209,6 +209,14 @@ def solve_highs(
                 left = dataclasses.replace(options, time_limit_s=left_s)
             again = solve_highs(model, left, warm_start, progress, _presolve=False)
             again.solve_time_s += elapsed
+            # the first solve's bound holds for the model (presolve keeps every optimum)
+            first_bound = float(info.mip_dual_bound)
+            if np.isfinite(first_bound) and (
+                again.best_bound is None or first_bound > again.best_bound
+            ):
+                again.best_bound = first_bound
+                if again.objective is not None:
+                    again.gap = relative_gap(again.objective, min(first_bound, again.objective))
             return again
         # still inconsistent: keep the start, which is a real feasible point, at its true cost,
         # and do not call it optimal
