@@ -72,8 +72,10 @@ class FrontierModel:
             x[ix[mask]] = val[mask]
         return x
 
-    def bound_s(self, objective: float) -> float:
-        return float(objective) * TIME_UNIT_S
+    @staticmethod
+    def seconds(value: float) -> float:
+        """A value of the objective (ms) in seconds."""
+        return float(value) * TIME_UNIT_S
 
     def residency_from(self, x: np.ndarray) -> np.ndarray:
         """``S`` (T, n) read from a solution: the values it keeps. With Checkmate's pass
@@ -249,14 +251,14 @@ def solve_frontier(
         if progress is not None:
             progress(
                 el,
-                None if obj is None else fm.bound_s(obj),
-                None if bound is None else fm.bound_s(bound),
+                None if obj is None else fm.seconds(obj),
+                None if bound is None else fm.seconds(bound),
             )
 
     sr = solve(fm.model, solver, options or SolverOptions(), warm_start=x0, progress=shown)
-    bound = None if sr.best_bound is None else fm.bound_s(sr.best_bound)
+    bound = None if sr.best_bound is None else fm.seconds(sr.best_bound)
     if sr.status == "optimal" and sr.objective is not None:
-        bound = fm.bound_s(sr.objective) if bound is None else bound
+        bound = fm.seconds(sr.objective) if bound is None else bound
     log.info(
         "frontier relaxation of %s: %s in %.1f s, bound %s, %d vars, %d rows",
         inst.graph.name,
@@ -269,7 +271,7 @@ def solve_frontier(
     return FrontierResult(
         status=sr.status,
         bound_s=bound,
-        objective_s=None if sr.objective is None else fm.bound_s(sr.objective),
+        objective_s=None if sr.objective is None else fm.seconds(sr.objective),
         S=None if sr.x is None else fm.residency_from(sr.x),
         solve_time_s=sr.solve_time_s,
         build_time_s=build_s,
