@@ -56,7 +56,6 @@ class FrontierModel:
     Hix: np.ndarray  # (T, n_tensors) variable index or -1
     Cix: np.ndarray  # (T, n) variable index or -1
     prod: np.ndarray  # (n_tensors,) the node that makes each tensor
-    base_s: float  # every node once
 
     def assignment(self, sched: Schedule) -> np.ndarray:
         """The point of this model that a valid one-device schedule gives (its residency and
@@ -111,8 +110,9 @@ def build_frontier(inst: Instance) -> FrontierModel:
     Hix[Hmask] = b.add_vars(int(Hmask.sum()), 0.0, 1.0, integer=True)
     Cmask = np.tril(np.ones((n, n), dtype=bool), k=-1)
     Cix = np.full((n, n), -1, dtype=np.int64)
-    # C needs no integrality: with H integer its least values are 0 or 1 (every row bounds a C
-    # from below by an integer expression)
+    # with H integer, C's least values are 0 or 1 anyway (every row bounds a C from below by an
+    # integer expression), but declared integer HiGHS cuts on it: on resnet18 at 70 % the bound
+    # after 30 s was 297.70 ms, against 288.35 with C continuous
     Cix[Cmask] = b.add_vars(int(Cmask.sum()), 0.0, 1.0, integer=True)
     cost_ms = inst.compute_s[0] / TIME_UNIT_S
     t_idx, i_idx = np.nonzero(Cmask)
@@ -123,9 +123,8 @@ def build_frontier(inst: Instance) -> FrontierModel:
     _carry_rows(b, Hix, Cix, prod)
     _frontier_memory_rows(b, inst, Hix, prod, nbytes, reads)
     model = b.build()
-    base_s = float(inst.compute_s[0].sum())
-    model.offset = base_s / TIME_UNIT_S
-    return FrontierModel(inst, model, Hix, Cix, prod, base_s)
+    model.offset = float(inst.compute_s[0].sum()) / TIME_UNIT_S  # every node once
+    return FrontierModel(inst, model, Hix, Cix, prod)
 
 
 def _need_rows(b: ModelBuilder, Hix, Cix, prod, reads) -> None:
