@@ -1018,11 +1018,18 @@ def _group_program(rt: _Runtime, ops: Sequence[Op], plan: Plan, grp: Group) -> G
     own_b, own_f = set(fwd_of), set(fwd_of.values())
     natively_held: set[int] = set()  # values a native state of the group saved
     looked_up: set[int] = set()  # values a non-native state of the group reads by lookup
+    last_reader: dict[int, int] = {}  # value or own forward node -> its last compute here
     for j in grp.computes:
         saved = {e.src for e in g.in_edges[ops[j].node] if g.nodes[e.src].kind == "fwd"}
         (natively_held if plan.state_of[j] in plan.native else looked_up).update(saved)
+        last_reader.update(dict.fromkeys(saved, j))
     first = ops[grp.computes[0]].node
-    n_roots = len(rt.grad_consumers[fwd_of[first]]) + (1 if fwd_of[first] == nf - 1 else 0)
+    # the registers the root gradient comes from: B_w for each consumer w of the first
+    # compute's forward node, and the loss for the last forward node
+    root_regs = {backward_node(nf, w) for w in rt.grad_consumers[fwd_of[first]]}
+    if fwd_of[first] == nf - 1:
+        root_regs.add(nf)
+    state_user = {ops[plan.state_of[j]].node: j for j in grp.computes}  # own state -> its reader
     after: dict[int, list[Action]] = {j: [] for j in grp.computes}
     start: list[Action] = []
     end: list[Action] = []
@@ -1035,17 +1042,22 @@ def _group_program(rt: _Runtime, ops: Sequence[Op], plan: Plan, grp: Group) -> G
             continue
         act = (op.kind, op.node, devices[op.device])
         u, kind = op.node, g.nodes[op.node].kind
+        # autograd lets go of what a compute read when it has run: only a free placed right
+        # after that compute may be left to autograd; one the schedule places later (a value
+        # kept longer than its last reader) waits for its own hook, or the measured memory
+        # would drop before the simulator's
+        prompt = last_reader.get(u) == j
         if act[2] != d:
             after[j].append(act)
         elif op.kind == "free_state":
-            (end if u in own_f else after[j]).append(act)
+            (end if u in own_f and state_user.get(u) == j else after[j]).append(act)
         elif u in own_b:
             end.append(act)
-        elif kind == "fwd" and u in looked_up:
+        elif kind == "fwd" and u in looked_up and prompt:
             unpacked.add(u)
-        elif kind == "fwd" and u in natively_held:
+        elif kind == "fwd" and u in natively_held and prompt:
             start.append(act)
-        elif kind != "fwd" and n_roots == 1:
+        elif u in root_regs and len(root_regs) == 1 and j == grp.computes[0]:
             start.append(act)  # the root gradient itself: autograd holds it until it is used
         else:
             after[j].append(act)

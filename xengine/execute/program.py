@@ -31,6 +31,13 @@ simulator's timeline.
   them when the backward has run, just when the schedule frees them; no Python hook runs for
   them. Otherwise saved tensors are looked up in the registers at backward time.
 
+Autograd lets go of things by itself: a gradient passed inside a pass once its reader has
+run, a state it holds once its backward has run, a root gradient once the root has run (and a
+backward such as add's hands that very tensor on). So each of these is left to autograd only
+where the schedule frees it at that moment; a schedule that keeps it longer (a solver may: it
+costs nothing below the budget) gets a register, a looked-up state or a compute of its own,
+and the measured memory stays the simulator's.
+
 The plan is a pure function of the op list and the graph: the executor compiles it once per
 schedule and replays it every step.
 """
@@ -188,6 +195,10 @@ def compile_plan(
             and state_uses.get(s) == 1
         )
 
+    last_read: dict[int, int] = {}  # B_w compute -> the last compute that reads its register
+    for (k, _u), readers in reads.items():
+        last_read[k] = max(last_read.get(k, -1), *readers)
+
     def internal_ok(k: int, u: int, j: int) -> bool:
         """Can B_w@k hand its gradient for u to B_u@j inside autograd?"""
         s_w, s_u = state_of.get(k), state_of.get(j)
@@ -197,7 +208,20 @@ def compile_plan(
             and s_w is not None
             and s_u is not None
             and in_inst.get(s_w, {}).get(u) == s_u
+            # autograd frees the gradient once its last reader has run: so must the schedule
+            and _freed_next(ops, last_read[k], ops[k].node, "free")
         )
+
+    def root_freed(i: int) -> bool:
+        """Can compute ``i`` be a pass's root? A root gradient that is one register goes to
+        autograd as it is, and a backward such as add's hands it on as its own output: the
+        register must then be freed right after ``i``, or the two would share memory that
+        the simulator counts twice. A sum of several is a fresh tensor."""
+        u = fwd_of[ops[i].node]
+        srcs = [backward_node(nf, w) for w, _k in contrib_src[i]]
+        if u == nf - 1:
+            srcs.append(nf)  # the loss
+        return len(srcs) != 1 or _freed_next(ops, i, srcs[0], "free")
 
     groups: dict[int, Group] = {}
     internal: set[tuple[int, int]] = set()
@@ -239,6 +263,8 @@ def compile_plan(
             joins = joins and n_ext == 0
         if not joins:
             close(last_op)
+            if not root_freed(i):
+                continue  # run on its own: see root_freed
             cur_first = i
             mine = set()
         cur.append(i)
@@ -258,6 +284,8 @@ def compile_plan(
             w = ops[i].node
             if mutates_buffers and mutates_buffers[w] and n_computes[w] > 1:
                 continue
+            if not _freed_next(ops, k, w, "free_state"):
+                continue  # autograd would release the state before the schedule does
             made = {**saved_at[i], w: i}  # what the forward saved: inputs, and its own output
             if all(made.get(u) is not None and made.get(u) == x for u, x in saved_at[k].items()):
                 native.add(i)
@@ -269,3 +297,16 @@ def compile_plan(
         groups=groups,
         native=frozenset(native),
     )
+
+
+def _freed_next(ops: Sequence[Op], k: int, node: int, kind: str) -> bool:
+    """Whether the schedule frees ``node``'s value (``kind="free"``) or autograd state
+    (``"free_state"``) on compute ``k``'s device right after ``k``, before any other compute:
+    what autograd lets go of when a node has run must not outlive it in the simulator."""
+    d = ops[k].device
+    for op in ops[k + 1 :]:
+        if op.kind == "compute":
+            return False
+        if op.kind == kind and op.node == node and op.device == d:
+            return True
+    return False
