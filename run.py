@@ -5,11 +5,9 @@ Composes the Hydra config (``conf/``), turns it into a plain :class:`RunConfig`,
 :func:`xengine.pipeline.run_pipeline` inside one MLflow run and prints the comparison table on
 stdout. Logs go to stderr and to the run's folder under ``results/runs/``.
 
-Before Hydra reads the command line, :func:`rewrite_argv` turns the spellings Hydra cannot
-take as they are into ones it can: ``mem.cuda=1GB`` -> ``++mem.cuda=1GB`` (a new key of the
-``mem`` group of keys), ``mem=2GB`` -> ``mem.all=2GB`` when per-device budgets are also given
-(or when it is a list), and a device mix that is not a file of ``conf/devices/``
-(``devices=[cpu3,cpu1]``, ``devices=cpu3+cpu1``) -> ``devices.names=[cpu3,cpu1]``.
+Before Hydra reads the command line, :mod:`xengine.commandline` checks every override (one
+line for a mistake, naming the key as typed) and rewrites the spellings Hydra cannot take as
+they are (``mem.cuda=1GB``, ``devices=cpu3+cpu1``) into ones it can.
 
 Bad input (unknown net or solver, an unreadable memory size, a budget below the smallest
 feasible one, a malformed graph file, a device named twice, a budget for a device not in the
@@ -22,17 +20,23 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from xengine import interrupt
-from xengine.execute.executor import available_devices
+from xengine.commandline import (
+    check_resolves,
+    flag,
+    mem_and_devices,
+    one_device_note,
+    prepare_argv,
+    run_config_from,
+)
 from xengine.graph.types import GraphError
 from xengine.pipeline import (
     ConfigError,
@@ -45,7 +49,7 @@ from xengine.pipeline import (
     run_pipeline,
     run_status,
 )
-from xengine.solvers import SolverOptions, SolverUnavailable
+from xengine.solvers import SolverUnavailable
 from xengine.units import MemorySpecError, format_bytes
 
 # torch.profiler (used to capture graphs and to measure CPU memory) prints kineto's own
@@ -65,172 +69,6 @@ OmegaConf.register_new_resolver("xe_repo", lambda: str(REPO), replace=True)
 def _fail(message: str) -> None:
     sys.stderr.write(f"error: {message}\n")
     sys.exit(EXIT_BAD_INPUT)
-
-
-def _check_group_choices(argv: list[str]) -> None:
-    """``net=foo`` / ``solver=foo`` with no ``conf/<group>/foo.yaml``: one line, exit 2
-    (Hydra itself would print a multi-line listing and exit 1)."""
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        key = key.lstrip("+~")
-        if not sep or key not in ("net", "solver") or "(" in value:
-            continue
-        options = sorted(p.stem for p in (CONF / key).glob("*.yaml"))
-        for choice in value.split(","):
-            if choice not in options:
-                hint = (
-                    "; for another torchvision model keep a listed net and set net.name=<model>"
-                    if key == "net"
-                    else ""
-                )
-                _fail(f"unknown {key} {choice!r}: choose one of {', '.join(options)}{hint}")
-
-
-_HYDRA_FUNCTION = re.compile(r"^\w+\(")  # choice(...), range(...), glob(...), ...
-
-
-def _split_top(value: str) -> list[str]:
-    """``a,[b,c],d`` -> ``["a", "[b,c]", "d"]`` (commas outside brackets)."""
-    parts, depth, cur = [], 0, ""
-    for ch in value:
-        depth += ch in "[({"
-        depth -= ch in "])}"
-        if ch == "," and depth == 0:
-            parts.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    parts.append(cur)
-    return parts
-
-
-def _device_list(choice: str) -> str:
-    """``cpu3+cpu1`` / ``[cpu3,cpu1]`` / ``cpu3`` -> ``[cpu3,cpu1]`` (Hydra list syntax)."""
-    choice = choice.strip()
-    names = choice[1:-1].split(",") if choice.startswith("[") else choice.split("+")
-    return "[" + ",".join(n.strip() for n in names) + "]"
-
-
-def rewrite_argv(argv: list[str], conf: Path = CONF) -> list[str]:
-    """Command-line items as Hydra can take them (see the module docstring); others as is."""
-    per_device_mem = any(
-        a.lstrip("+").startswith("mem.") and not a.lstrip("+").startswith("mem.all=") for a in argv
-    )
-    options = {p.stem for p in (conf / "devices").glob("*.yaml")}
-    out = []
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        bare = key.lstrip("+~")
-        if not sep or key.startswith("~") or _HYDRA_FUNCTION.match(value):
-            out.append(arg)
-        elif bare == "mem" and (per_device_mem or "[" in value):
-            out.append(f"mem.all={value}")
-        elif bare.startswith("mem.") and bare.count(".") == 1 and bare != "mem.all":
-            # a Hydra key cannot hold ':': mem.cuda:1 is kept as mem.cuda_1 (see _mem)
-            out.append(f"++{bare.replace(':', '_')}={value}")
-        elif bare == "devices":
-            choices = _split_top(value)
-            if all(c.strip() in options for c in choices):
-                out.append(f"devices={value}")
-            else:  # an ad-hoc mix (or a sweep with one): the list itself
-                out.append("devices.names=" + ",".join(_device_list(c) for c in choices))
-        else:
-            out.append(arg)
-    return out
-
-
-def _as_tuple(value: Any) -> tuple[str, ...]:
-    """``cpu`` / ``"cpu,cuda"`` / ``"cpu+cuda"`` / ``[cpu, cuda]`` -> ``("cpu", "cuda")``."""
-    if isinstance(value, (list, tuple, ListConfig)):
-        return tuple(str(v).strip() for v in value)
-    return tuple(s.strip() for s in re.split(r"[,+]", str(value)))
-
-
-def _devices(cfg: DictConfig) -> tuple[str, ...]:
-    """The device mix: the ``devices`` group (``names: [cpu2, cpu1]``, or ``auto``: every
-    device torch sees), or a plain list or ``+``-joined string where a config sets
-    ``devices`` directly."""
-    dev = cfg.devices
-    if isinstance(dev, DictConfig):
-        if "names" not in dev:
-            raise ConfigError("devices has no 'names': choose devices=<mix> (conf/devices/)")
-        dev = dev.names
-    names = _as_tuple(dev)
-    return available_devices() if names == ("auto",) else names
-
-
-def _one_device_note(cfg: DictConfig, run_cfg: RunConfig) -> None:
-    """``devices=auto`` found one device: say in one line that XEngine needs two, and how."""
-    dev = cfg.devices
-    auto = _as_tuple(dev.names if isinstance(dev, DictConfig) else dev) == ("auto",)
-    if auto and len(run_cfg.devices) == 1:
-        log.warning(
-            "XEngine needs two devices and torch sees one (%s): only single-device strategies "
-            "run; ask for two with devices=cpu2+cpu1, or plan for a GPU with devices=cpu+cuda "
-            "profile.path=results/profiles/resnet18-b4-cpu+cuda.profile.json execute=false",
-            run_cfg.devices[0],
-        )
-
-
-def _mem(cfg: DictConfig) -> tuple[str, ...] | dict[str, Any]:
-    """``mem``: a string or list (every device / one per device) or the group of keys
-    ``{all: ..., <device>: ...}``."""
-    mem = cfg.mem
-    if isinstance(mem, DictConfig):
-        return {
-            re.sub(r"^cuda_(\d+)$", r"cuda:\1", str(k)): (
-                _as_list(v) if isinstance(v, ListConfig) else str(v)
-            )
-            for k, v in mem.items()
-        }
-    if isinstance(mem, ListConfig):
-        return _as_list(mem)
-    return (str(mem),)
-
-
-def _as_list(value: ListConfig) -> tuple[str, ...]:
-    return tuple(str(v).strip() for v in value)
-
-
-def run_config_from(cfg: DictConfig) -> RunConfig:
-    """The plain configuration the library takes; type errors become :class:`ConfigError`."""
-    try:
-        s = cfg.solver
-        return RunConfig(
-            net=str(cfg.net.name),
-            batch_size=int(cfg.net.batch_size),
-            image_size=int(cfg.net.image_size),
-            num_classes=int(cfg.net.get("num_classes", 1000)),
-            mode=str(cfg.mode),
-            graph_path=None if cfg.graph is None else str(cfg.graph),
-            devices=_devices(cfg),
-            mem=_mem(cfg),
-            solver=str(s.name),
-            solver_options=SolverOptions(
-                time_limit_s=None if s.time_limit_s is None else float(s.time_limit_s),
-                rel_gap=float(s.rel_gap),
-                threads=None if s.threads is None else int(s.threads),
-                seed=int(s.seed),
-            ),
-            formulation=str(cfg.formulation),
-            max_computes=int(cfg.get("max_computes", 2)),
-            lp_bound=str(cfg.get("lp_bound", "before")),
-            coarsen=None if cfg.get("coarsen") is None else int(cfg.get("coarsen")),
-            strategies=_as_tuple(cfg.strategy),
-            execute=bool(cfg.execute),
-            n_steps=int(cfg.n_steps),
-            warmup=int(cfg.warmup),
-            profile_path=None if cfg.profile.path is None else str(cfg.profile.path),
-            profile_repeats=int(cfg.profile.repeats),
-            profile_warmup=int(cfg.profile.warmup),
-            profile_cache_dir=str(cfg.profile.cache_dir),
-            progress=bool(cfg.profile.progress),
-            seed=int(cfg.seed),
-            grad_rtol=float(cfg.grad_rtol),
-            grad_atol=float(cfg.grad_atol),
-        )
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"invalid config value: {exc}") from None
 
 
 def _highs_banner_to_stderr() -> None:
@@ -264,20 +102,9 @@ def _set_console_level(lvl: int) -> None:
             h.setLevel(lvl)
 
 
-def _mem_and_devices(cfg: DictConfig) -> tuple[str, str]:
-    """The budgets and the device mix as short texts (``70%``, ``cpu2+cpu1``); a config that
-    cannot be read (a skipped point of a sweep) gives its raw values."""
-    try:
-        devices = _devices(cfg)
-        mem = RunConfig(devices=devices, mem=_mem(cfg)).mem_text
-        return mem, "+".join(devices)
-    except (ConfigError, MemorySpecError, TypeError, ValueError):
-        return str(cfg.get("mem")), str(cfg.get("devices"))
-
-
 def _run_name(cfg: DictConfig) -> str:
     what = Path(str(cfg.graph)).stem if cfg.graph is not None else str(cfg.net.name)
-    mem, devices = _mem_and_devices(cfg)
+    mem, devices = mem_and_devices(cfg)
     return f"{what}-{mem}-{devices}-{cfg.solver.name}"
 
 
@@ -291,7 +118,7 @@ def _fingerprint(cfg: DictConfig) -> str:
 
 def _already_done(cfg: DictConfig, fingerprint: str) -> str | None:
     """The id of a finished run with the same fingerprint (None with ``redo=true``)."""
-    if cfg.get("redo", False) or not cfg.tracking.enabled:
+    if flag(cfg, "redo") or not flag(cfg, "tracking.enabled", True):
         return None
     from mlflow import MlflowClient
 
@@ -326,7 +153,7 @@ def _tracker(
 ) -> Tracker:
     from xengine.tracking import MlflowTracker, resolve_tracking_uri
 
-    if not cfg.tracking.enabled:
+    if not flag(cfg, "tracking.enabled", True):
         return NullTracker()
     uri = resolve_tracking_uri(cfg.tracking.uri, cfg.results_dir)
     if uri.startswith("sqlite:///"):
@@ -356,7 +183,7 @@ def _start(tracker: Tracker, cfg: DictConfig) -> None:
     from xengine.tracking import config_yaml, flatten_config
 
     params = flatten_config(cfg)
-    mem, devices = _mem_and_devices(cfg)
+    mem, devices = mem_and_devices(cfg)
     params.setdefault("mem", mem)  # one key whatever the shape of mem / devices in the config
     params.setdefault("devices", devices)
     tracker.params(params)
@@ -409,19 +236,28 @@ def main(cfg: DictConfig) -> None:
 
     multirun = HydraConfig.get().mode.name == "MULTIRUN"
     console = logging.WARNING
-    fingerprint = _fingerprint(cfg)
-    if multirun:  # a sweep resumes: a point that already finished is not run again
-        done = _already_done(cfg, fingerprint)
-        if done is not None:
-            log.warning("skipped: run %s has this config and finished (redo=true runs it)", done)
-            return
+    try:  # a config that cannot be read cannot be recorded either
+        check_resolves(cfg)
+        flag(cfg, "tracking.enabled"), flag(cfg, "redo")  # strict booleans, read before use
+        fingerprint = _fingerprint(cfg)
+        # a sweep resumes: a point that already finished is not run again
+        done = _already_done(cfg, fingerprint) if multirun else None
+    except ConfigError as exc:
+        if not multirun:
+            _fail(str(exc))
+        log.error("skipped: %s", exc)
+        return
+    if done is not None:
+        log.warning("skipped: run %s has this config and finished (redo=true runs it)", done)
+        return
     try:
         console = _level(cfg.log_level)
         _set_console_level(console)
         run_cfg = run_config_from(cfg)
         prepared = prepare(run_cfg)
-        if not multirun:  # after the input checks: bad input stays one line
-            _one_device_note(cfg, run_cfg)
+        note = one_device_note(cfg, run_cfg)
+        if note and not multirun:  # after the input checks: bad input stays one line
+            log.warning("%s", note)
     except BAD_INPUT as exc:
         if not multirun:
             _fail(str(exc))
@@ -476,8 +312,10 @@ def _interrupted(exc: KeyboardInterrupt) -> None:
 if __name__ == "__main__":
     interrupt.install()
     try:
-        _check_group_choices(sys.argv[1:])
-        sys.argv[1:] = rewrite_argv(sys.argv[1:])
+        try:
+            sys.argv[1:] = prepare_argv(sys.argv[1:], CONF)
+        except ConfigError as exc:
+            _fail(str(exc))
         main()
     except KeyboardInterrupt as exc:
         _interrupted(exc)

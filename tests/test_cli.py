@@ -7,7 +7,6 @@ and the MLflow store under ``tmp_path``; the run on a real (tiny) network is mar
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 import subprocess
@@ -257,36 +256,36 @@ def _run_module():
     return run
 
 
-def test_devices_auto_is_every_device_torch_sees(monkeypatch, caplog):
+def test_devices_auto_is_every_device_torch_sees(monkeypatch):
     from hydra import compose, initialize_config_dir
 
-    run = _run_module()
+    from xengine.commandline import one_device_note, run_config_from
+
+    _run_module()  # registers the config's resolvers
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="config")
         assert cfg.devices.names == "auto"
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-        assert run.run_config_from(cfg).devices == ("cpu", "cuda")
+        assert run_config_from(cfg).devices == ("cpu", "cuda")
         monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-        rc = run.run_config_from(cfg)
+        rc = run_config_from(cfg)
         assert rc.devices == ("cpu",)
-        with caplog.at_level(logging.WARNING):
-            run._one_device_note(cfg, rc)
-        (rec,) = caplog.records
-        assert "XEngine needs two devices" in rec.message and "devices=cpu2+cpu1" in rec.message
-        caplog.clear()
+        note = one_device_note(cfg, rc)
+        assert "XEngine needs two devices" in note and "devices=cpu2+cpu1" in note
         named = compose(config_name="config", overrides=["devices=cpu"])
-        run._one_device_note(named, run.run_config_from(named))  # asked for one: no note
-        assert not caplog.records
+        assert one_device_note(named, run_config_from(named)) is None  # asked for one
 
 
 def test_default_config_composes_to_the_documented_defaults():
     from hydra import compose, initialize_config_dir
 
-    run = _run_module()
+    from xengine.commandline import run_config_from
+
+    _run_module()  # registers the config's resolvers
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="config")
-        rc = run.run_config_from(cfg)
-        over = run.run_config_from(
+        rc = run_config_from(cfg)
+        over = run_config_from(
             compose(
                 config_name="config",
                 overrides=["net=resnet50", "mem=2GB", "solver=gurobi", "solver.time_limit_s=60",

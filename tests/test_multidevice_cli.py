@@ -18,6 +18,7 @@ import torch
 from mlflow import MlflowClient
 
 from tests.helpers import run_cli
+from xengine.commandline import rewrite_argv
 from xengine.execute.executor import (
     TOLERANCE_FRACTION,
     TOLERANCE_MIN_BYTES,
@@ -29,6 +30,7 @@ from xengine.solvers import SolverOptions
 
 REPO = Path(__file__).resolve().parents[1]
 MIB = 2**20
+CONF = REPO / "conf"
 TINY = ["net=tiny", "net.batch_size=2", "net.image_size=32"]
 QUICK = ["n_steps=1", "warmup=0", "profile.repeats=1", "profile.warmup=0", "profile.progress=false"]
 
@@ -80,18 +82,18 @@ def test_devices_group_has_the_documented_mixes():
             want = available_devices() if name == "auto" else tuple(name.split("+"))
             assert rc.devices == want, name
         rc = run_py.run_config_from(
-            compose("config", overrides=run_py.rewrite_argv(["devices=[cpu3,cpu1]"]))
+            compose("config", overrides=rewrite_argv(["devices=[cpu3,cpu1]"], CONF))
         )
         assert rc.devices == ("cpu3", "cpu1")
-        over = run_py.rewrite_argv(["devices=cpu+cuda", "mem=2GB", "mem.cuda=1GB"])
+        over = rewrite_argv(["devices=cpu+cuda", "mem=2GB", "mem.cuda=1GB"], CONF)
         rc = run_py.run_config_from(compose("config", overrides=over))
         assert rc.memory_texts() == ("2GB", "1GB") and rc.mem_text == "cpu=2GB,cuda=1GB"
-        over = run_py.rewrite_argv(["devices=cpu+cuda", "mem.cuda=1GB", "mem.cpu=8GB"])
+        over = rewrite_argv(["devices=cpu+cuda", "mem.cuda=1GB", "mem.cpu=8GB"], CONF)
         rc = run_py.run_config_from(compose("config", overrides=over))
         assert rc.memory_texts() == ("8GB", "1GB")
         rc = run_py.run_config_from(compose("config", overrides=["devices=cpu2+cpu1", "mem=2GB"]))
         assert rc.memory_texts() == ("2GB", "2GB") and rc.run_strategies[-1] == "xengine"
-        over = run_py.rewrite_argv(["devices=cpu2+cpu1", "mem=[1GB,2GB]"])  # one per device
+        over = rewrite_argv(["devices=cpu2+cpu1", "mem=[1GB,2GB]"], CONF)  # one per device
         assert run_py.run_config_from(compose("config", overrides=over)).memory_texts() == (
             "1GB",
             "2GB",
@@ -114,7 +116,7 @@ def test_devices_group_has_the_documented_mixes():
     ],
 )
 def test_rewrite_argv(argv, expected):
-    assert run_py.rewrite_argv(argv) == expected
+    assert rewrite_argv(argv, CONF) == expected
 
 
 @pytest.mark.parametrize(
@@ -466,3 +468,30 @@ def test_resnet18_on_two_cpu_sub_devices(tmp_path, store):
     sched = Schedule.from_json(json.loads(Path(sched_file).read_text()))
     assert sched.R.shape[0] == 2 and sched.S_state is not None
     assert tags["xe.warm_start"] != "none"
+
+
+def test_a_schedule_over_budget_in_the_simulator_is_never_reported_optimal(tmp_path, store):
+    """The published model does not count a copy's memory on the receiving device: SCIP's
+    answer to it can be over a budget. The row then says ``over_budget`` (SCIP's verdict in
+    the note and in MLflow), the schedule is not executed and there is no gain line."""
+    proc = run_cli(
+        tmp_path,
+        *TINY,
+        "devices=cpu2+cpu1",
+        "mem=85%",
+        "formulation=paper",
+        "solver=scip",
+        "solver.time_limit_s=3",
+        "strategy=[checkmate]",
+        *QUICK,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.splitlines()
+    (row,) = [line for line in out if line.startswith("xengine ")]
+    assert row.split()[1] == "over_budget", row
+    (note,) = [line for line in out if line.strip().startswith("xengine: ")]
+    assert "scip said" in note and "over budget in the simulator" in note, note
+    assert "xengine gain: - (xengine over_budget" in proc.stdout
+    _client, run = _the_run(tmp_path)
+    assert run.data.tags["xe.status.xengine"] == "over_budget"
+    assert "xengine/measured_time_ms" not in run.data.metrics  # not executed

@@ -41,7 +41,7 @@ from xengine.result import StrategyResult
 from xengine.schedule import Schedule
 from xengine.simulate import ScheduleError, simulate
 from xengine.solvers import SolverOptions, SolverUnavailable, available_solvers
-from xengine.units import MemorySpec, format_bytes, parse_memory
+from xengine.units import MemorySpec, MemorySpecError, format_bytes, parse_memory
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +161,11 @@ class RunConfig:
 
     def memory_texts(self) -> tuple[str, ...]:
         """One memory string per device, in device order."""
+        return tuple(text for _key, text in self._memory_items())
+
+    def _memory_items(self) -> tuple[tuple[str, str], ...]:
+        """Per device, in device order: the key its budget came from (``mem``, ``mem.cpu2``)
+        and the text."""
         devices, mem = self.devices, self.mem
         if isinstance(mem, Mapping):
             extra = [k for k in mem if k != "all" and k not in devices]
@@ -175,20 +180,27 @@ class RunConfig:
             out = []
             for k, d in enumerate(devices):
                 if d in mem:
-                    out.append(str(mem[d]))
+                    out.append((f"mem.{d}", str(mem[d])))
                 elif texts is None:
                     raise ConfigError(
                         f"no budget for device {d!r}: set mem=<size> (every device) or "
                         f"mem.{d}=<size>"
                     )
                 else:
-                    out.append(texts[k])
+                    out.append(("mem", texts[k]))
             return tuple(out)
-        return _texts(mem, devices, "mem")
+        return tuple(("mem", t) for t in _texts(mem, devices, "mem"))
 
     def memory_specs(self) -> tuple[MemorySpec, ...]:
-        """One parsed budget per device (a single value applies to every device)."""
-        return tuple(parse_memory(m) for m in self.memory_texts())
+        """One parsed budget per device (a single value applies to every device); an error
+        names the key the budget came from."""
+        specs = []
+        for key, text in self._memory_items():
+            try:
+                specs.append(parse_memory(text))
+            except MemorySpecError as exc:
+                raise MemorySpecError(f"{key}={text}: {exc}") from None
+        return tuple(specs)
 
     @property
     def mem_text(self) -> str:
@@ -976,6 +988,7 @@ def _solve(
         except ScheduleError as exc:
             res.status, res.message = "error", f"schedule rejected by the simulator: {exc}"
             res.schedule = None
+    _overrule_by_simulator(res)
     log.info(
         "%s: %s%s",
         label,
@@ -983,6 +996,21 @@ def _solve(
         f", predicted {res.sim.time_s * 1e3:.2f} ms" if res.sim is not None else "",
     )
     return res
+
+
+def _overrule_by_simulator(res: StrategyResult) -> None:
+    """A schedule the simulator finds over budget is not ``optimal`` or ``feasible``, whatever
+    its solver said (the published model does not count every byte): its status becomes
+    ``over_budget``, the solver's verdict stays in the message and in ``extra``."""
+    if res.sim is None or res.sim.within_budget or res.status not in ("optimal", "feasible"):
+        return
+    res.extra["solver_status"] = res.status
+    why = f"over budget in the simulator: {res.sim.violations[0]}"
+    said = f"{res.solver} said {res.status}" if res.solver else f"reported {res.status}"
+    res.message = "; ".join(
+        x for x in (why if why not in res.message else "", said, res.message) if x
+    )
+    res.status = "over_budget"
 
 
 def _progress(

@@ -12,6 +12,7 @@ from functools import cached_property
 import numpy as np
 
 from xengine.graph.types import Graph, GraphError
+from xengine.limits import schedule_size_problem
 
 UNLIMITED_BYTES = np.iinfo(np.int64).max // 4
 
@@ -34,6 +35,9 @@ class Instance:
             raise GraphError("one budget per device is needed")
         if any(b < 0 for b in self.budget_bytes):
             raise GraphError("budgets must be non-negative")
+        too_large = schedule_size_problem(self.graph.size, len(self.devices))
+        if too_large:  # before any (devices, stages, nodes) array is allocated
+            raise GraphError(f"graph {self.graph.name!r} is too large to schedule: {too_large}")
 
     @classmethod
     def single(cls, graph: Graph, device: str, budget_bytes: int | None) -> Instance:

@@ -15,8 +15,10 @@ from xengine.simulate import Simulation
 class StrategyResult:
     """A strategy's schedule with the simulator's verdict and, for solvers, the model's view.
 
-    ``status``: optimal | feasible | infeasible | no_solution | error. Heuristics report
-    ``feasible`` when their schedule fits the budget and ``infeasible`` when it does not.
+    ``status``: optimal | feasible | infeasible | no_solution | over_budget | error.
+    Heuristics report ``feasible`` when their schedule fits the budget and ``infeasible`` when
+    it does not; ``over_budget`` is a solver's schedule that the simulator finds over a budget
+    (the solver's own verdict is then in ``extra["solver_status"]``).
     ``objective_s`` / ``model_peak_bytes`` are the model's own figures (solvers only); the
     simulator's are in ``sim``. For exact formulations they must agree (tested).
     """

@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from xengine.limits import MAX_BUDGET_BYTES
+
 _UNITS_BYTES = {
     "B": 1,
     "KB": 10**3,
@@ -54,7 +56,7 @@ def parse_memory(text: str | int | float) -> MemorySpec:
     if isinstance(text, (int, float)):
         if text < 0:
             raise MemorySpecError(f"memory size {text!r} is negative")
-        return MemorySpec(text=str(text), bytes=int(text))
+        return MemorySpec(text=str(text), bytes=_within_limit(str(text), float(text)))
     raw = str(text)
     if raw.strip().startswith("-"):
         raise MemorySpecError(f"memory size {raw!r} is negative: a budget must be positive")
@@ -66,22 +68,40 @@ def parse_memory(text: str | int | float) -> MemorySpec:
     value = float(m.group(1))
     unit = m.group(2).upper() or "B"
     if unit == "%":
-        if not 0 < value <= 1000:
-            raise MemorySpecError(f"memory share {raw!r} must be between 0% and 1000%")
+        if value == 0:
+            raise MemorySpecError(
+                f"memory share {raw!r} leaves the device no memory: give a share above 0% "
+                "(at most 1000%), or leave the device out of devices="
+            )
+        if not value <= 1000:  # also inf and nan
+            raise MemorySpecError(
+                f"memory share {raw!r} is above 1000% of the keep-everything peak: a budget "
+                "that large is keep-everything already"
+            )
         return MemorySpec(text=raw, fraction=value / 100.0)
     if unit not in _UNITS_BYTES:
         raise MemorySpecError(
             f"memory size {raw!r} has unknown unit {m.group(2)!r}: use B, KB, MB, GB (powers "
             "of 10), KiB, MiB, GiB (powers of 2) or %"
         )
-    return MemorySpec(text=raw, bytes=int(round(value * _UNITS_BYTES[unit])))
+    return MemorySpec(text=raw, bytes=_within_limit(raw, value * _UNITS_BYTES[unit]))
+
+
+def _within_limit(raw: str, n_bytes: float) -> int:
+    """``n_bytes`` as an int, if it is a budget one device could have (``xengine.limits``)."""
+    if not n_bytes <= MAX_BUDGET_BYTES:  # also inf and nan
+        raise MemorySpecError(
+            f"memory size {raw!r} is above the limit of {format_bytes(MAX_BUDGET_BYTES)} "
+            f"(2^50 bytes) for one device"
+        )
+    return int(round(n_bytes))
 
 
 def format_bytes(n_bytes: float) -> str:
     """Human-readable size with binary units (``12.3 MiB``)."""
     n = float(n_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
-    return f"{n:.1f} GiB"
+    return f"{n:.1f} PiB"

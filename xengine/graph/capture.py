@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import operator
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -40,6 +42,8 @@ import torch.fx as fx
 from torch import nn
 
 from xengine.graph.types import Edge, Graph, GraphError, Node
+
+log = logging.getLogger(__name__)
 
 TORCHVISION_NETS: tuple[str, ...] = (
     "tiny",
@@ -729,13 +733,19 @@ def capture_net(
         image_size = 32 if net == "tiny" else 224
     if num_classes is None:
         num_classes = 10 if net == "tiny" else 1000
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        module = _build_net(net, num_classes, image_size)
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(batch_size, 3, image_size, image_size, generator=gen)
-    target = torch.randint(0, num_classes, (batch_size,), generator=gen)
+    # torch warns while building a net of absurd sizes (zero-element weights at 1 px); the
+    # capture then fails with our one line, so the warnings wait for its outcome
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            module = _build_net(net, num_classes, image_size)
+        gen = torch.Generator().manual_seed(seed)
+        x = torch.randn(batch_size, 3, image_size, image_size, generator=gen)
+        target = torch.randint(0, num_classes, (batch_size,), generator=gen)
     cap = capture(module, x, target, mode=mode, name=net, measure_workspace=measure_workspace)
+    for w in caught:
+        log.warning("%s (building %s): %s", w.category.__name__, net, w.message)
     cap.graph = replace(cap.graph, meta={**cap.graph.meta, "seed": seed})
     cap.meta = dict(cap.graph.meta)
     return cap

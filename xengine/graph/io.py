@@ -42,6 +42,7 @@ from typing import Any
 
 from xengine.files import read_json
 from xengine.graph.types import EDGE_KINDS, NODE_KINDS, CopyModel, Edge, Graph, GraphError, Node
+from xengine.limits import MAX_COST_S, MAX_TENSOR_BYTES
 
 FORMAT = "xengine-graph"
 VERSION = 2
@@ -105,8 +106,12 @@ def _err(source: str, field: str, msg: str) -> GraphError:
     return GraphError(f"{source}: {field}: {msg}")
 
 
-def _number(source: str, field: str, value: Any, *, integer: bool = False) -> float | int:
-    """A finite, non-negative number (bools are not numbers here)."""
+def _number(
+    source: str, field: str, value: Any, *, integer: bool = False, seconds: bool = True
+) -> float | int:
+    """A finite, non-negative number (bools are not numbers here) within its stated range
+    (``xengine.limits``): bytes (``integer``) up to ``MAX_TENSOR_BYTES``, ``seconds`` up to
+    ``MAX_COST_S``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _err(source, field, f"expected a number, got {value!r}")
     if not math.isfinite(value) or value < 0:
@@ -114,7 +119,13 @@ def _number(source: str, field: str, value: Any, *, integer: bool = False) -> fl
     if integer:
         if value != int(value):
             raise _err(source, field, f"expected a whole number of bytes, got {value!r}")
+        if value > MAX_TENSOR_BYTES:
+            raise _err(
+                source, field, f"{value:.4g} bytes is above the limit of 2^44 bytes (16 TiB)"
+            )
         return int(value)
+    if seconds and value > MAX_COST_S:
+        raise _err(source, field, f"{value:.4g} s is above the limit of {MAX_COST_S:.0e} s")
     return float(value)
 
 
@@ -323,6 +334,7 @@ def graph_from_dict(data: Any, source: str = "graph", default_name: str = "graph
                 source,
                 f"{field}.bandwidth_bytes_per_s",
                 _get(source, field, raw, "bandwidth_bytes_per_s"),
+                seconds=False,
             )
         )
         if bw <= 0:

@@ -36,6 +36,7 @@ import torch
 from xengine.files import read_json
 from xengine.graph.capture import CapturedModel
 from xengine.graph.types import CopyModel, Graph
+from xengine.limits import MAX_COST_S, MAX_TENSOR_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +140,7 @@ class Profile:
             bw = _nonneg(
                 e.get("bandwidth_bytes_per_s"),
                 lambda m, i=i: fail(f"copy[{i}].bandwidth_bytes_per_s", m),
+                limit=None,
             )
             if bw <= 0:
                 raise fail(f"copy[{i}].bandwidth_bytes_per_s", "must be positive")
@@ -180,18 +182,26 @@ def _read_workspace(raw: Any, fail) -> dict[str, dict[str, int]]:
             raise fail(f"workspace_bytes.{dev}", "expected an object node -> bytes")
         out[dev] = {}
         for node, b in table.items():
-            f = _nonneg(b, lambda m, n=node, d=dev: fail(f"workspace_bytes.{d}.{n}", m))
-            if f != int(f) or f > 2**62:
+            f = _nonneg(
+                b,
+                lambda m, n=node, d=dev: fail(f"workspace_bytes.{d}.{n}", m),
+                MAX_TENSOR_BYTES,
+                "bytes",
+            )
+            if f != int(f):
                 raise fail(f"workspace_bytes.{dev}.{node}", f"expected whole bytes, got {b!r}")
             out[dev][node] = int(f)
     return out
 
 
-def _nonneg(x: Any, fail) -> float:
+def _nonneg(x: Any, fail, limit: float | None = MAX_COST_S, unit: str = "s") -> float:
+    """A finite number >= 0, at most ``limit`` (``xengine.limits``; seconds by default)."""
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         raise fail(f"expected a number, got {x!r}")
     if not math.isfinite(x) or x < 0:
         raise fail(f"expected a finite non-negative number, got {x!r}")
+    if limit is not None and x > limit:
+        raise fail(f"{x:.4g} {unit} is above the limit of {limit:.4g} {unit}")
     return float(x)
 
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from xengine.interrupt import run_stoppable
 from xengine.solvers.model import (
     MilpModel,
     ProgressFn,
@@ -317,7 +318,10 @@ def run_cpsat(
                 obj, bound = float(self.objective_value), float(self.best_objective_bound)
                 progress(el, obj * scale, bound * scale)
 
-    code = solver.solve(model, _Cb())
+    # CP-SAT's own SIGINT handler would end the search as if by a limit: the signal goes to
+    # Python instead, which stops the search and passes it on
+    p.catch_sigint_signal = False
+    code = run_stoppable(lambda: solver.solve(model, _Cb()), solver.stop_search, "cpsat")
     return solver, code, time.perf_counter() - t0, (first[0] if first else None)
 
 

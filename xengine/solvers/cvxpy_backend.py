@@ -23,6 +23,7 @@ import warnings
 
 import numpy as np
 
+from xengine.interrupt import run_stoppable
 from xengine.solvers.model import (
     MilpModel,
     ProgressFn,
@@ -225,11 +226,16 @@ def solve_cvxpy(
         with warnings.catch_warnings():
             # "Solution may be inaccurate": the status mapping below reports it
             warnings.filterwarnings("ignore", message="Solution may be inaccurate")
-            prob.solve(
-                solver=name,
-                verbose=bool(options.verbose),
-                warm_start=warm_start is not None,
-                **solver_opts,
+            # cvxpy has no cancel: on an interrupt its solve is left to end with the process
+            run_stoppable(
+                lambda: prob.solve(
+                    solver=name,
+                    verbose=bool(options.verbose),
+                    warm_start=warm_start is not None,
+                    **solver_opts,
+                ),
+                None,
+                label,
             )
     except cp.error.SolverError as exc:
         elapsed = time.perf_counter() - t0

@@ -17,6 +17,7 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
+from xengine.interrupt import Interrupted, run_stoppable
 from xengine.solvers.model import (
     MilpModel,
     ProgressFn,
@@ -39,12 +40,12 @@ _OPTIMAL = 2
 _INFEASIBLE = 3
 _INF_OR_UNBD = 4
 _UNBOUNDED = 5
+_INTERRUPTED = 11  # Ctrl-C that Gurobi caught itself: passed on as an interrupt
 _LIMITS = {
     7: "iteration limit",
     8: "node limit",
     9: "time limit",
     10: "solution limit",
-    11: "interrupted",
     13: "suboptimal",
     15: "objective limit",
     16: "work limit",
@@ -57,6 +58,7 @@ _NAMES = {
     4: "infeasible or unbounded",
     5: "unbounded",
     6: "cutoff",
+    11: "interrupted",
     12: "numeric trouble",
     14: "in progress",
 }
@@ -197,7 +199,9 @@ def solve_gurobi(
                 progress(el, obj, bnd if abs(bnd) < GRB.INFINITY else None)
 
         try:
-            m.optimize(_cb)
+            run_stoppable(lambda: m.optimize(_cb), m.terminate, "gurobi")
+            if m.Status == _INTERRUPTED:
+                raise Interrupted()
             if m.Status == _INF_OR_UNBD:
                 if np.all(np.isfinite(model.lb)) and np.all(np.isfinite(model.ub)):
                     code = _INFEASIBLE  # every column is bounded, so it cannot be unbounded
@@ -206,7 +210,7 @@ def solve_gurobi(
                     if options.time_limit_s is not None:
                         left = float(options.time_limit_s) - (time.perf_counter() - t0)
                         m.Params.TimeLimit = max(left, 0.0)
-                    m.optimize(_cb)
+                    run_stoppable(lambda: m.optimize(_cb), m.terminate, "gurobi")
                     code = m.Status
             else:
                 code = m.Status

@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 
+from xengine.interrupt import Interrupted, run_stoppable
 from xengine.solvers.model import (
     MilpModel,
     ProgressFn,
@@ -165,12 +166,17 @@ def solve_scip(
         model.q_val.size,
         t0 - t_build,
     )
+    # SCIP's own Ctrl-C handler would end the solve as "userinterrupt", a limit like any
+    # other: the signal goes to Python instead, which stops the solve and passes it on
+    s.setBoolParam("misc/catchctrlc", False)
     try:
-        s.optimize()
+        run_stoppable(s.optimizeNogil, s.interruptSolve, "scip")
     except Exception as exc:  # noqa: BLE001 - SCIP errors surface as generic exceptions
         return SolveResult.failed("scip", time.perf_counter() - t0, f"SCIP error: {exc}")
     elapsed = time.perf_counter() - t0
     raw = s.getStatus()
+    if raw == "userinterrupt":  # not ours: a signal SCIP caught after all
+        raise Interrupted()
     has_sol = s.getNSols() > 0
     bounded = bool(np.all(np.isfinite(lb)) and np.all(np.isfinite(ub)))
     status = map_status(raw, has_sol, bounded)
