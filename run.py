@@ -20,9 +20,23 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
+
+
+def _interrupted_while_starting(signum: int, _frame) -> None:  # noqa: ANN001
+    """Ctrl-C / SIGTERM while the imports below load (seconds): one line, not a traceback.
+    ``__main__`` installs the run's own handlers once they are loaded."""
+    name = signal.Signals(signum).name
+    sys.stderr.write(f"interrupted: {name} while starting; nothing is recorded\n")
+    os._exit(128 + signum)
+
+
+if __name__ == "__main__":
+    for _sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(_sig, _interrupted_while_starting)
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -306,7 +320,12 @@ def _interrupted(exc: KeyboardInterrupt) -> None:
     name = str(exc) if isinstance(exc, interrupt.Interrupted) else "SIGINT"
     where = f" during {progress.interrupted_during}" if progress.interrupted_during else ""
     sys.stderr.write(f"interrupted: {name}{where}; nothing is recorded as finished\n")
-    sys.exit(interrupt.exit_code(exc))
+    # no interpreter shutdown: a solver left running in a thread (cvxpy has no cancel) would
+    # be torn down under it and abort the process; the MLflow run is already closed
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(interrupt.exit_code(exc))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Ctrl-C and SIGTERM stop a real run within seconds (issue 19): a real signal to a real
-``run.py`` during a HiGHS solve and during an execution gives one line on stderr, exit
-128 + the signal, no traceback and an MLflow run marked KILLED."""
+``run.py`` during a solve (HiGHS, SCIP, CP-SAT, cvxpy) and during an execution gives one line
+on stderr, exit 128 + the signal, no traceback and an MLflow run marked KILLED; and the helper
+that keeps native solves interruptible stops its work and passes the interrupt on."""
 
 from __future__ import annotations
 
@@ -60,16 +61,30 @@ def _run_status(tmp_path: Path) -> list[str]:
     return [r.info.status for r in client.search_runs([exp.experiment_id])]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_a_signal_during_a_highs_solve_stops_the_run(tmp_path, sig):
+SOLVES = [
+    ("highs", signal.SIGINT),
+    ("highs", signal.SIGTERM),
+    ("scip", signal.SIGINT),  # SCIP would catch Ctrl-C itself and call it a limit
+    ("scip", signal.SIGTERM),
+    ("cpsat", signal.SIGINT),  # so would CP-SAT
+    ("cvxpy", signal.SIGTERM),  # no cancel: its solve is left to end with the process
+]
+
+
+@pytest.mark.parametrize(
+    "solver, sig", SOLVES, ids=[f"{s}-{signal.Signals(g).name}" for s, g in SOLVES]
+)
+def test_a_signal_during_a_solve_stops_the_run(tmp_path, solver, sig):
+    """Sent 5 s after the status line appears: the model is built, the solver in native code."""
     args = [
         f"graph={GRAPH}",
         "devices=cpu",
         "mem=60%",
         "strategy=[checkmate,chen_sqrtn]",
+        f"solver={solver}",
         "solver.time_limit_s=120",
     ]
-    rc, err, took = _interrupt(tmp_path, args, "checkmate (highs", sig)
+    rc, err, took = _interrupt(tmp_path, args, f"checkmate ({solver}", sig, after_s=5.0)
     assert rc == 128 + sig, err
     assert took < 10
     assert "Traceback" not in err
@@ -103,3 +118,27 @@ def test_ctrl_c_during_a_sweep_kills_the_point_and_its_parent(tmp_path):
     assert "Traceback" not in err
     # the first point and the sweep's parent, both KILLED: a resumed sweep runs the point again
     assert sorted(_run_status(tmp_path)) == ["KILLED", "KILLED"]
+
+
+def test_run_stoppable_stops_the_work_and_passes_the_interrupt_on():
+    """A real SIGINT to this process while ``run_stoppable`` waits: ``stop`` is called, the
+    worker ends and KeyboardInterrupt reaches the caller; without one it passes at once."""
+    import os
+
+    from xengine.interrupt import run_stoppable
+
+    stopped = threading.Event()
+
+    def work() -> str:
+        while not stopped.wait(0.01):
+            pass
+        return "stopped"
+
+    threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    t0 = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        run_stoppable(work, stopped.set, "test")
+    assert stopped.is_set() and time.perf_counter() - t0 < 5
+    assert run_stoppable(lambda: 42, None, "test") == 42
+    with pytest.raises(ValueError, match="inside"):
+        run_stoppable(lambda: (_ for _ in ()).throw(ValueError("inside")), None, "test")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -79,8 +80,11 @@ def run_stoppable(
             worker.join(0.1)
     except KeyboardInterrupt:
         if stop is not None:
-            stop()
-            worker.join(grace_s)
+            # again and again: a cancel that lands before the solve has started is lost
+            end = time.perf_counter() + grace_s
+            while worker.is_alive() and time.perf_counter() < end:
+                stop()
+                worker.join(0.1)
         if worker.is_alive():
             log.info("%s: left running in its thread after the interrupt", what)
         raise
