@@ -129,12 +129,12 @@ def test_run_stoppable_stops_the_work_and_passes_the_interrupt_on():
 
     stopped = threading.Event()
 
-    def work() -> str:
+    def work() -> str:  # native code stand-in: sends the signal once it runs, waits for stop
+        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
         while not stopped.wait(0.01):
             pass
         return "stopped"
 
-    threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
     t0 = time.perf_counter()
     with pytest.raises(KeyboardInterrupt):
         run_stoppable(work, stopped.set, "test")

@@ -363,9 +363,11 @@ def test_gurobi_status_map():
     assert map_status(3, 0) == "infeasible"
     assert map_status(9, 1) == "feasible"  # TIME_LIMIT with incumbent
     assert map_status(9, 0) == "no_solution"
-    for code in (7, 8, 10, 11, 13, 15, 16, 17):
+    for code in (7, 8, 10, 13, 15, 16, 17):
         assert map_status(code, 2) == "feasible"
         assert map_status(code, 0) == "no_solution"
+    # INTERRUPTED is not a limit: solve_gurobi passes it on as an interrupt before mapping
+    assert map_status(11, 2) == "error"
     assert map_status(5, 0) == "error"  # unbounded
     assert map_status(12, 1) == "error"  # numeric
 

@@ -66,26 +66,29 @@ def run_stoppable(
     raised again. Without ``stop`` (or past the grace) the worker, a daemon thread, is left to
     end with the process. An exception of ``work`` is raised here as it was."""
     box: dict[str, object] = {}
+    done = threading.Event()  # not Thread.is_alive: a join cut by a signal can misreport it
 
     def run() -> None:
         try:
             box["out"] = work()
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
             box["exc"] = exc
+        finally:
+            done.set()
 
     worker = threading.Thread(target=run, name=f"xengine-{what}", daemon=True)
-    worker.start()
     try:
-        while worker.is_alive():
-            worker.join(0.1)
+        worker.start()  # inside: a signal while the thread starts stops it too
+        while not done.wait(0.1):
+            pass
     except KeyboardInterrupt:
         if stop is not None:
             # again and again: a cancel that lands before the solve has started is lost
             end = time.perf_counter() + grace_s
-            while worker.is_alive() and time.perf_counter() < end:
+            while not done.is_set() and time.perf_counter() < end:
                 stop()
-                worker.join(0.1)
-        if worker.is_alive():
+                done.wait(0.1)
+        if not done.is_set():
             log.info("%s: left running in its thread after the interrupt", what)
         raise
     if "exc" in box:
