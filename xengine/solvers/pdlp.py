@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 
+from xengine.interrupt import run_stoppable
 from xengine.solvers.model import MilpModel, SolverUnavailable
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,8 @@ def pdlp_row_duals(
         params.termination_criteria.time_sec_limit = float(time_limit_s)
     params.num_threads = int(threads or 1)
     t0 = time.perf_counter()
-    result = pdlp.primal_dual_hybrid_gradient(qp, params)
+    # no cancel from Python: on an interrupt the iterations are left to end with the process
+    result = run_stoppable(lambda: pdlp.primal_dual_hybrid_gradient(qp, params), None, "pdlp")
     elapsed = time.perf_counter() - t0
     reason = solve_log_pb2.TerminationReason.Name(result.solve_log.termination_reason)
     log.info("PDLP: %s after %.1f s", reason, elapsed)
