@@ -22,7 +22,7 @@ from xengine.schedule import Schedule
 
 def device_name(graph: Graph, device: int | str = 0) -> str:
     """A device name, given as is or as an index into ``graph.devices`` ("cpu" for a graph
-    without costs, as :meth:`Graph.keep_all_peak_bytes` does)."""
+    without costs, as :func:`xengine.simulate.keep_all_peak_bytes` does)."""
     if isinstance(device, str):
         return device
     devs = graph.devices or ("cpu",)

@@ -34,6 +34,7 @@ from xengine.graph.capture import capture_net  # noqa: E402
 from xengine.plots import save_figure  # noqa: E402
 from xengine.problem import Instance  # noqa: E402
 from xengine.profile.profiler import apply_profile, profile_model  # noqa: E402
+from xengine.simulate import keep_all_peak_bytes  # noqa: E402
 from xengine.solvers import SolverOptions  # noqa: E402
 
 log = logging.getLogger("checkmate_frontier")
@@ -68,7 +69,7 @@ def run(nets, batch, budgets, time_limit_s) -> list[dict]:
     rows = []
     for net in nets:
         g = net_instance_graph(net, batch)
-        peak = g.keep_all_peak_bytes("cpu")
+        peak = keep_all_peak_bytes(g, "cpu")
         for frac in budgets:
             inst = Instance.single(g, "cpu", int(frac * peak))
             for method, frontier in METHODS.items():

@@ -36,6 +36,7 @@ from xengine.bounds import lp_bound_s  # noqa: E402
 from xengine.formulation import FREE_ROWS, build  # noqa: E402
 from xengine.plots import save_figure  # noqa: E402
 from xengine.problem import Instance  # noqa: E402
+from xengine.simulate import keep_all_peak_bytes  # noqa: E402
 from xengine.solvers import SolverOptions  # noqa: E402
 
 log = logging.getLogger("lp_bound_speed")
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     for net in [x for x in args.nets.split(",") if x]:
         g = net_graph(net, args.batch_size, "h200")
-        budget = int(args.budget * g.keep_all_peak_bytes())
+        budget = int(args.budget * keep_all_peak_bytes(g))
         inst = Instance(g, ("a", "b"), (budget, budget))
         for form, method in [(f, m) for f in forms for m in methods]:
             model = build(inst, free_rows=form).model

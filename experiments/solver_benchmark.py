@@ -48,7 +48,7 @@ from xengine.graph.types import CopyModel, Graph  # noqa: E402
 from xengine.plots import save_figure  # noqa: E402
 from xengine.problem import Instance  # noqa: E402
 from xengine.schedule import Schedule  # noqa: E402
-from xengine.simulate import simulate  # noqa: E402
+from xengine.simulate import keep_all_peak_bytes, simulate  # noqa: E402
 from xengine.solve import agree, solve_xengine  # noqa: E402
 from xengine.solvers import SolverOptions, SolverUnavailable  # noqa: E402
 
@@ -256,7 +256,7 @@ def suite_cases(
 
 
 def budgets_for(g: Graph) -> list[tuple[str, int]]:
-    peak = g.keep_all_peak_bytes()
+    peak = keep_all_peak_bytes(g)
     out = [(label, int(frac * peak)) for label, frac in BUDGETS if frac is not None]
     lower, known = min_feasible_budget_bytes(g)
     # the smallest budget known to fit one device (== the smallest feasible when lower == known)

@@ -27,7 +27,7 @@ from baselines.lp_rounding import solve_lp_rounding
 from xengine.graph.synthetic import chain, linear_graph, training_graph
 from xengine.problem import Instance
 from xengine.schedule import Schedule, keep_all_schedule
-from xengine.simulate import ScheduleError, simulate
+from xengine.simulate import ScheduleError, keep_all_peak_bytes, simulate
 from xengine.solve import agree, solve_xengine
 from xengine.solvers import SolverOptions, SolverUnavailable
 
@@ -209,7 +209,7 @@ def test_checkmate_equals_exhaustive_search(g):
         assert res.objective_s == pytest.approx(found[0], abs=1e-9)
         assert _peak(res.sim) <= b
     # where keeping everything costs more than the least memory, several optima are checked
-    assert len(optima) >= (2 if g.keep_all_peak_bytes() > lower else 1)
+    assert len(optima) >= (2 if keep_all_peak_bytes(g) > lower else 1)
 
 
 # ----------------------------------------------------------------------------- solve_r_opt
@@ -266,7 +266,7 @@ def test_checkpoint_all_is_the_keep_everything_schedule(g):
     ka = keep_all_schedule(inst)
     assert (res.schedule.S == ka.S).all() and (res.schedule.R == ka.R).all()
     assert res.sim.n_recomputes == 0
-    assert _peak(res.sim) == g.keep_all_peak_bytes()
+    assert _peak(res.sim) == keep_all_peak_bytes(g)
     assert res.status == "feasible"
 
 
@@ -321,7 +321,7 @@ def test_chen_sqrtn_takes_every_kth_candidate():
 
 @pytest.mark.parametrize("g", ALL, ids=lambda g: g.name)
 def test_heuristics_give_valid_schedules(g):
-    peak = g.keep_all_peak_bytes()
+    peak = keep_all_peak_bytes(g)
     lower, _ = min_feasible_budget_bytes(g)
     for budget in (peak, (peak + lower) // 2, lower - 1):
         inst = _inst(g, budget)
@@ -359,7 +359,7 @@ def test_recompute_greedy_drops_the_cheap_large_value():
         [1000, 4000] + [1000] * 6,
         {DEV: [1.0, 0.01] + [1.0] * 6},
     )
-    peak = g.keep_all_peak_bytes()
+    peak = keep_all_peak_bytes(g)
     keep_all = solve_recompute_greedy(_inst(g, peak))
     assert keep_all.extra["dropped"] == [] and keep_all.sim.n_recomputes == 0
     res = solve_recompute_greedy(_inst(g, peak - 1))
@@ -382,7 +382,7 @@ def test_recompute_greedy_is_never_below_the_optimum(g):
             assert res.sim.time_s >= opt.sim.time_s - 1e-9
             assert _peak(res.sim) <= b
         else:  # it can fail only where Checkmate's schedules need more than one drop policy
-            assert b < g.keep_all_peak_bytes() and "over the budget" in res.message
+            assert b < keep_all_peak_bytes(g) and "over the budget" in res.message
 
 
 # ----------------------------------------------------------------------------- Checkmate MILP
@@ -391,7 +391,7 @@ def _budgets(g, which=("known", "mid", "keep_all")):
     the midpoint. HiGHS proves these quickly; some others (chain16 at 7000 bytes) take
     minutes."""
     _, known = min_feasible_budget_bytes(g)
-    peak = g.keep_all_peak_bytes()
+    peak = keep_all_peak_bytes(g)
     table = {"known": known, "mid": (known + peak) // 2, "keep_all": peak}
     return sorted({table[w] for w in which})
 
@@ -412,7 +412,7 @@ def test_checkmate_agrees_with_simulator_and_beats_heuristics(g, budgets):
         inst = _inst(g, b)
         res = solve_checkmate(inst, options=OPTS, frontier=False)
         assert res.status == "optimal", res.message
-        if b >= g.keep_all_peak_bytes():
+        if b >= keep_all_peak_bytes(g):
             # nothing to solve: keep-everything without a solver, and the MILP agrees
             assert res.extra.get("nothing_to_solve") and res.gap == 0.0
             assert res.sim.n_recomputes == 0
@@ -548,7 +548,7 @@ def test_lp_rounding_is_reproducible_and_answers_the_keep_all_budget_without_an_
     assert a.status == b.status and a.extra["lp"]
     assert (a.schedule.S == b.schedule.S).all()
     # with room for everything there is nothing to relax: keep-everything, proven optimal
-    full = solve_lp_rounding(_inst(g, g.keep_all_peak_bytes()), seed=3)
+    full = solve_lp_rounding(_inst(g, keep_all_peak_bytes(g)), seed=3)
     assert full.status == "optimal" and full.extra["nothing_to_solve"] and "lp" not in full.extra
     assert full.sim.time_s == pytest.approx(full.best_bound_s, rel=1e-9)
     assert full.sim.n_recomputes == 0
@@ -569,7 +569,7 @@ def test_lp_rounding_stopped_by_its_time_limit_is_no_solution_not_an_error():
     and a message that names the limit."""
     g = chain(40)
     res = solve_lp_rounding(
-        _inst(g, int(0.6 * g.keep_all_peak_bytes())), options=SolverOptions(time_limit_s=1e-4)
+        _inst(g, int(0.6 * keep_all_peak_bytes(g))), options=SolverOptions(time_limit_s=1e-4)
     )
     assert res.extra["lp"][0]["status"] == "limit"
     assert res.status == "no_solution" and res.schedule is None

@@ -8,7 +8,7 @@ from tests.helpers import random_graph
 from xengine.bounds import lp_bound_s, placement_bound_s
 from xengine.problem import Instance
 from xengine.schedule import keep_all_schedule
-from xengine.simulate import simulate
+from xengine.simulate import keep_all_peak_bytes, simulate
 from xengine.solve import solve_xengine
 from xengine.solvers import SolverOptions
 
@@ -31,7 +31,7 @@ def test_placement_bound_is_the_optimum_without_memory_limits(seed, devices):
 @pytest.mark.parametrize("seed", range(6))
 def test_bounds_never_exceed_the_optimum(seed, devices):
     g = random_graph(seed, devices=devices, latency_s=0.3)
-    peak = g.keep_all_peak_bytes()
+    peak = keep_all_peak_bytes(g)
     low = int(g.node_lower_bound_bytes().max())
     seen = 0
     for frac in (0.6, 0.3, 0.0):
@@ -51,7 +51,7 @@ def test_lp_bound_defaults_to_the_tight_free_rows(seed):
     """The tight AND rows imply the hazard count, so their relaxation is never weaker; the
     default bound is theirs and still never above the optimum."""
     g = random_graph(seed, devices=("a", "b"), latency_s=0.3)
-    peak = g.keep_all_peak_bytes()
+    peak = keep_all_peak_bytes(g)
     low = int(g.node_lower_bound_bytes().max())
     inst = Instance(g, ("a", "b"), (int(low + 0.3 * (peak - low)),) * 2)
     default = lp_bound_s(inst)
@@ -69,7 +69,7 @@ def test_pdlp_relaxes_the_hazard_rows_unless_told_otherwise():
     so that is the form it relaxes by default; on this instance the two forms' optima differ
     (8.418 against 8.563 s), so the test sees which one was relaxed."""
     g = random_graph(0, devices=("a", "b"), latency_s=0.3)
-    peak = g.keep_all_peak_bytes()
+    peak = keep_all_peak_bytes(g)
     low = int(g.node_lower_bound_bytes().max())
     inst = Instance(g, ("a", "b"), (int(low + 0.3 * (peak - low)),) * 2)
     hazard = lp_bound_s(inst, build_options={"free_rows": "hazard"})
@@ -134,7 +134,7 @@ def test_lp_bound_by_interior_point_matches_the_simplex_optimum(seed):
     """The interior-point bound is taken from multipliers, not trusted from the solver; on a
     relaxation both methods solve it lands on the simplex optimum, never above it."""
     g = random_graph(seed, devices=("a", "b"), latency_s=0.3)
-    peak = g.keep_all_peak_bytes()
+    peak = keep_all_peak_bytes(g)
     low = int(g.node_lower_bound_bytes().max())
     inst = Instance(g, ("a", "b"), (int(low + 0.3 * (peak - low)),) * 2)
     simplex = lp_bound_s(inst, method="simplex")
@@ -149,7 +149,7 @@ def test_lp_bound_by_pdlp_is_proven_even_when_stopped_early(seed):
     """PDLP's last dual iterate bounds the relaxation from below at any stop: converged it is
     the simplex optimum to its tolerance, stopped after a few milliseconds it is lower."""
     g = random_graph(seed, devices=("a", "b"), latency_s=0.3)
-    peak = g.keep_all_peak_bytes()
+    peak = keep_all_peak_bytes(g)
     low = int(g.node_lower_bound_bytes().max())
     inst = Instance(g, ("a", "b"), (int(low + 0.3 * (peak - low)),) * 2)
     simplex = lp_bound_s(inst, build_options={"free_rows": "hazard"}, method="simplex")
@@ -210,7 +210,7 @@ def test_lp_bound_alongside_that_fails_gives_no_bound(caplog):
     from xengine.bounds import LpBoundAlongside
 
     g = random_graph(0)
-    inst = Instance(g, ("a", "b"), (int(0.7 * g.keep_all_peak_bytes()),) * 2)
+    inst = Instance(g, ("a", "b"), (int(0.7 * keep_all_peak_bytes(g)),) * 2)
     job = LpBoundAlongside(inst, SolverOptions(time_limit_s=10), method="nosuch")
     assert job.result() is None  # lp_bound_s raised ValueError in the other process
     assert "failed" in caplog.text and "nosuch" in caplog.text

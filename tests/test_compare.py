@@ -8,6 +8,7 @@ from tests.helpers import RESIDUAL, copy_models
 from xengine.compare import compare
 from xengine.graph.synthetic import training_graph
 from xengine.problem import Instance
+from xengine.simulate import keep_all_peak_bytes
 from xengine.solvers import SolverOptions
 
 OPTS = SolverOptions(time_limit_s=60, rel_gap=1e-9)
@@ -74,7 +75,7 @@ def test_warm_start_considers_the_cost_aware_heuristic_at_each_devices_own_budge
         {"a": {v.name: 10.0 for v in g.nodes}, "b": {v.name: 1.0 for v in g.nodes}},
         copy_models(("a", "b")),
     )
-    budget = g.keep_all_peak_bytes() - 1
+    budget = keep_all_peak_bytes(g) - 1
     inst = Instance(g, ("a", "b"), (budget, budget))
     ours = solve_recompute_greedy(inst.only_device(1, budget))
     assert ours.status == "feasible"

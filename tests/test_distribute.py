@@ -11,7 +11,7 @@ from xengine.distribute import place, spread, start_candidates, units
 from xengine.graph.synthetic import training_graph
 from xengine.problem import Instance
 from xengine.schedule import keep_all_schedule
-from xengine.simulate import simulate
+from xengine.simulate import keep_all_peak_bytes, simulate
 from xengine.solve import agree, solve_xengine
 from xengine.solvers import SolverOptions
 
@@ -107,7 +107,7 @@ def test_placed_model_is_exact_and_never_beats_the_full_model(seed):
     peaks equal the simulator's, and its optimum is >= the full model's (a restriction) and
     equal to it when the placement is the full optimum's own."""
     g = random_graph(seed)
-    peak = g.keep_all_peak_bytes()
+    peak = keep_all_peak_bytes(g)
     for frac in (0.6, 0.8, 1.0):  # the tightest of these budgets that the graph allows
         inst = Instance(g, ("a", "b"), (int(frac * peak), int(frac * peak)))
         full = solve_xengine(inst, options=OPTS)
@@ -168,7 +168,7 @@ def test_spread_tries_every_schedule_even_without_time_left():
     from xengine.graph.synthetic import chain
 
     g = chain(8, devices=("a", "b")).with_costs({}, copy_models(("a", "b")))
-    peak = g.keep_all_peak_bytes()
+    peak = keep_all_peak_bytes(g)
     inst = Instance(g, ("a", "b"), (int(0.4 * peak), int(0.4 * peak)))
     alone = inst.only_device(0, int(0.8 * peak))
     keep = keep_all_schedule(alone)  # needs the whole peak at once: no placement fits

@@ -17,6 +17,7 @@ from xengine.execute.executor import execute, reference_step
 from xengine.graph.capture import capture_net
 from xengine.problem import Instance
 from xengine.profile.profiler import apply_profile, profile_model
+from xengine.simulate import keep_all_peak_bytes
 from xengine.solvers import SolverOptions
 
 pytestmark = pytest.mark.slow
@@ -33,7 +34,7 @@ def setup(tmp_path_factory):
 
 
 def _budget(graph, level: str) -> int:
-    peak = graph.keep_all_peak_bytes()
+    peak = keep_all_peak_bytes(graph)
     if level == "100%":
         return peak
     if level == "70%":

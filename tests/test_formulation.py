@@ -10,7 +10,7 @@ from xengine.formulation import build, default_free_rows
 from xengine.graph.synthetic import chain, training_graph
 from xengine.problem import Instance
 from xengine.schedule import keep_all_schedule
-from xengine.simulate import simulate
+from xengine.simulate import keep_all_peak_bytes, simulate
 from xengine.solve import agree, solve_xengine
 from xengine.solvers import SolverOptions
 
@@ -28,7 +28,7 @@ def test_one_device_exact_and_paper_equal(seed, states):
     graphs with and without autograd states."""
     g = random_graph(seed, devices=("a",), states=states)
     assert g.has_states == states and (g.state_bytes.sum() > 0) == states
-    peak = g.keep_all_peak_bytes()
+    peak = keep_all_peak_bytes(g)
     low = int(g.node_lower_bound_bytes("a").max())
     for frac in (1.0, 0.5, 0.0):
         inst = _single(g, "a", low + frac * (peak - low))
@@ -69,7 +69,7 @@ def test_states_can_be_dropped_and_made_again():
 def test_exact_objective_and_memory_equal_simulator(seed, states):
     devices = ("a", "b", "c") if seed % 4 == 3 else ("a", "b")
     g = random_graph(seed, devices=devices, states=states)
-    peak = g.keep_all_peak_bytes()
+    peak = keep_all_peak_bytes(g)
     low = int(g.node_lower_bound_bytes().max())
     n_solved = 0
     for frac in (1.0, 0.6, 0.3, 0.0):
@@ -105,7 +105,7 @@ def test_keep_all_budget_recomputes_nothing():
         {"cpu": [1.0] * 6},
         loss_cost_s={"cpu": 0.5},
     )
-    inst = _single(g, "cpu", g.keep_all_peak_bytes())
+    inst = _single(g, "cpu", keep_all_peak_bytes(g))
     res = solve_xengine(inst, options=OPTS)
     assert res.status == "optimal"
     assert res.sim.n_recomputes == 0
@@ -114,7 +114,7 @@ def test_keep_all_budget_recomputes_nothing():
 
 def test_tighter_budget_costs_more_and_stays_within_it():
     g = chain(8)
-    peak = g.keep_all_peak_bytes()
+    peak = keep_all_peak_bytes(g)
     costs = []
     for frac in (1.0, 0.75, 0.5):
         inst = _single(g, "cpu", peak * frac)
@@ -227,7 +227,7 @@ def test_reference_and_hazard_forms_have_the_default_optimum(seed):
     peak."""
     devices = ("a", "b", "c") if seed % 4 == 3 else (("a",) if seed % 3 == 0 else ("a", "b"))
     g = random_graph(seed, devices=devices)
-    peak = g.keep_all_peak_bytes()
+    peak = keep_all_peak_bytes(g)
     low = int(g.node_lower_bound_bytes().max())
     for frac in (1.0, 0.4, 0.0):
         inst = Instance(g, devices, tuple([int(low + frac * (peak - low))] * len(devices)))
@@ -257,7 +257,7 @@ def test_free_rows_follow_the_solver():
     assert default_free_rows("highs") == "tight" and default_free_rows("scip") == "tight"
     assert default_free_rows("cpsat") == "hazard" and default_free_rows("CPSAT") == "hazard"
     g = random_graph(2)
-    inst = Instance(g, ("a", "b"), (g.keep_all_peak_bytes(),) * 2)
+    inst = Instance(g, ("a", "b"), (keep_all_peak_bytes(g),) * 2)
     opts = SolverOptions(time_limit_s=30)
     assert solve_xengine(inst, "cpsat", options=opts).extra["build_options"] == {
         "free_rows": "hazard"
@@ -289,7 +289,7 @@ def test_paper_mode_reference_and_default_agree(seed):
     one have the same optimum (a device may only free what it holds)."""
     devices = ("a", "b")
     g = random_graph(seed, devices=devices)
-    peak = g.keep_all_peak_bytes()
+    peak = keep_all_peak_bytes(g)
     low = int(g.node_lower_bound_bytes().max())
     for frac in (1.0, 0.5, 0.0):
         inst = Instance(g, devices, tuple([int(low + frac * (peak - low))] * 2))
@@ -329,7 +329,7 @@ def test_twins_are_recognised():
 @pytest.mark.parametrize("seed", range(4))
 def test_breaking_the_symmetry_of_twins_keeps_the_optimum(seed):
     g = _twins(seed)
-    peak = g.keep_all_peak_bytes()
+    peak = keep_all_peak_bytes(g)
     low = int(g.node_lower_bound_bytes().max())
     for frac in (1.0, 0.4, 0.0):
         inst = Instance(g, ("a", "a2"), (int(low + frac * (peak - low)),) * 2)

@@ -15,7 +15,7 @@ from baselines.heuristics import run_heuristics
 from xengine.frontier import FrontierResult, build_frontier, solve_frontier
 from xengine.graph.synthetic import chain, training_graph
 from xengine.problem import Instance
-from xengine.simulate import simulate
+from xengine.simulate import keep_all_peak_bytes, simulate
 from xengine.solvers import SolverOptions, solve
 
 DEV = "cpu"
@@ -70,7 +70,7 @@ def test_every_schedule_is_a_point_at_its_own_time(g):
 
 @pytest.mark.parametrize("g", GRAPHS, ids=lambda g: g.name)
 def test_heuristic_schedules_are_points_too(g):
-    peak = g.keep_all_peak_bytes(DEV)
+    peak = keep_all_peak_bytes(g, DEV)
     for frac in (0.6, 0.8):
         inst = _inst(g, int(frac * peak))
         fm = build_frontier(inst)
@@ -83,7 +83,7 @@ def test_heuristic_schedules_are_points_too(g):
 
 def _mid_budgets(g):
     lower, known = cm.min_feasible_budget_bytes(g)
-    peak = g.keep_all_peak_bytes(DEV)
+    peak = keep_all_peak_bytes(g, DEV)
     return sorted({known, (known + peak) // 2, (3 * known + peak) // 4})
 
 

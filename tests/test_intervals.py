@@ -24,7 +24,7 @@ from xengine.intervals import (
 )
 from xengine.problem import Instance
 from xengine.schedule import Schedule, keep_all_schedule
-from xengine.simulate import simulate
+from xengine.simulate import keep_all_peak_bytes, simulate
 from xengine.solve import agree, solve_xengine
 from xengine.solvers import SolverOptions, SolverUnavailable
 
@@ -41,7 +41,7 @@ def _milp(inst: Instance):
 @pytest.mark.parametrize("frac", [1.0, 0.7, 0.5])
 def test_optimum_equals_the_milp_and_the_simulator(seed, devices, frac):
     g = random_graph(seed)
-    budget = int(frac * g.keep_all_peak_bytes())
+    budget = int(frac * keep_all_peak_bytes(g))
     inst = Instance(g, devices, (budget,) * len(devices))
     exact = _milp(inst)
     res = solve_intervals(inst, OPTS, max_computes=3)
@@ -61,7 +61,7 @@ def test_optimum_equals_the_milp_and_the_simulator(seed, devices, frac):
 
 def test_three_devices_equal_the_milp():
     g = random_graph(3, devices=("a", "b", "c"))
-    budget = max(int(0.6 * g.keep_all_peak_bytes()), int(g.node_lower_bound_bytes().max()))
+    budget = max(int(0.6 * keep_all_peak_bytes(g)), int(g.node_lower_bound_bytes().max()))
     inst = Instance(g, ("a", "b", "c"), (budget,) * 3)
     exact = _milp(inst)
     res = solve_intervals(inst, OPTS, max_computes=3)
@@ -75,7 +75,7 @@ def test_chain_needs_enough_computations_per_node():
     computations allowed the interval model finds the same optimum; with fewer it says it
     has no schedule and names the restriction instead of claiming infeasibility."""
     g = chain(6)
-    inst = Instance.single(g, g.devices[0], int(0.6 * g.keep_all_peak_bytes()))
+    inst = Instance.single(g, g.devices[0], int(0.6 * keep_all_peak_bytes(g)))
     exact = _milp(inst)
     assert exact.status == "optimal"
     most = int(exact.schedule.R.sum(axis=1).max())
@@ -137,7 +137,7 @@ def test_objective_is_the_simulators_at_every_incumbent(seed, monkeypatch):
 
     monkeypatch.setattr(cp_model.CpSolver, "solve", first_only)
     g = random_graph(seed)
-    budget = max(int(0.7 * g.keep_all_peak_bytes()), int(g.node_lower_bound_bytes().max()))
+    budget = max(int(0.7 * keep_all_peak_bytes(g)), int(g.node_lower_bound_bytes().max()))
     inst = Instance(g, ("a", "b"), (budget, budget))
     res = solve_intervals(inst, OPTS, max_computes=3, lp_bound=False)
     assert res.sim is not None, res.message
@@ -151,7 +151,7 @@ def test_warm_start_is_taken_as_is(seed, monkeypatch):
     from ortools.sat.python import cp_model
 
     g = random_graph(seed)
-    inst = Instance(g, ("a", "b"), (g.keep_all_peak_bytes(),) * 2)
+    inst = Instance(g, ("a", "b"), (keep_all_peak_bytes(g),) * 2)
     start = keep_all_schedule(inst, device=1)
     orig = cp_model.CpSolver.solve
 
@@ -169,7 +169,7 @@ def test_warm_start_is_taken_as_is(seed, monkeypatch):
 def test_warm_start_may_need_more_computations_than_max_computes():
     """A start that recomputes a node three times raises that node's allowance."""
     g = chain(8)
-    peak = g.keep_all_peak_bytes()
+    peak = keep_all_peak_bytes(g)
     inst = Instance.single(g, g.devices[0], int(0.5 * peak))
     exact = _milp(inst)
     assert exact.status == "optimal"
@@ -208,7 +208,7 @@ def test_bad_arguments_are_one_line_errors():
 def test_lp_bound_alongside_is_the_same_bound():
     # computed in a process of its own during the search, the bound is the one computed first
     g = random_graph(0)  # 0.7: 7 % between the LP bound and the optimum
-    inst = Instance(g, ("a", "b"), (int(0.7 * g.keep_all_peak_bytes()),) * 2)
+    inst = Instance(g, ("a", "b"), (int(0.7 * keep_all_peak_bytes(g)),) * 2)
     first = solve_intervals(inst, OPTS, max_computes=3)
     along = solve_xengine(
         inst, "cpsat", mode="intervals", options=OPTS,
@@ -236,7 +236,7 @@ def test_pinned_restores_the_cpus():
 
 def test_placement_restricts_like_the_milp():
     g = random_graph(5)
-    budget = int(0.8 * g.keep_all_peak_bytes())
+    budget = int(0.8 * keep_all_peak_bytes(g))
     inst = Instance(g, ("a", "b"), (budget, budget))
     placement = np.array([i % 2 for i in range(g.size)])
     # a backward node must sit with its forward node (autograd state is not copyable)
@@ -308,7 +308,7 @@ def state_chain(seed: int, devices=("a",)) -> Graph:
 def _between(g: Graph, devices, frac: float) -> int:
     """A budget ``frac`` of the way from the least any schedule may need to keep-all's peak."""
     least = int(np.stack([g.node_lower_bound_bytes(d) for d in devices]).min(axis=0).max())
-    return int(least + frac * (g.keep_all_peak_bytes() - least))
+    return int(least + frac * (keep_all_peak_bytes(g) - least))
 
 
 def _unread_states(inst: Instance, sched: Schedule) -> int:

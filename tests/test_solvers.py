@@ -21,6 +21,7 @@ from xengine.formulation import build
 from xengine.graph.synthetic import chain, training_graph
 from xengine.graph.types import CopyModel
 from xengine.problem import Instance
+from xengine.simulate import keep_all_peak_bytes
 from xengine.solvers import (
     QUADRATIC_CAPABLE,
     SOLVERS,
@@ -446,7 +447,7 @@ def test_cvxpy_constraints_are_vectorised(monkeypatch):
 
     monkeypatch.setattr(cvxpy, "Problem", spy)
     g = chain(4)
-    f = build(Instance.single(g, "cpu", g.keep_all_peak_bytes()))
+    f = build(Instance.single(g, "cpu", keep_all_peak_bytes(g)))
     assert f.model.n_rows > 100
     res = run(f.model, "cvxpy")
     assert res.status == "optimal"
@@ -470,7 +471,7 @@ def test_cpsat_integerises_formulation_columns():
     from xengine.solvers.cpsat import integerise
 
     g = chain(4)
-    f = build(Instance.single(g, "cpu", int(0.7 * g.keep_all_peak_bytes())))
+    f = build(Instance.single(g, "cpu", int(0.7 * keep_all_peak_bytes(g))))
     integ = integerise(f.model)
     n_u = int((f.Uix >= 0).sum())
     assert int((integ.rule == 1).sum()) == n_u  # every memory column, by equality
@@ -488,7 +489,7 @@ def test_cpsat_integerises_formulation_columns():
 @pytest.mark.parametrize("frac", [1.0, 0.7])
 def test_chain_formulation_same_optimum_everywhere(frac):
     g = chain(4)
-    f = build(Instance.single(g, "cpu", int(frac * g.keep_all_peak_bytes())))
+    f = build(Instance.single(g, "cpu", int(frac * keep_all_peak_bytes(g))))
     ref = run(f.model, "highs")
     assert ref.status == "optimal"
     # tighter budget forces recomputation (a test that can fail if budgets were ignored)
@@ -517,7 +518,7 @@ def two_device_instance(n_layers: int = 2) -> Instance:
         {"a": [1.0, 2.0, 1.5][:n_layers], "b": [0.5, 3.0, 0.7][:n_layers]},
         copy_models=COPIES,
     )
-    pk = g.keep_all_peak_bytes()
+    pk = keep_all_peak_bytes(g)
     return Instance(g, ("a", "b"), (pk, pk))
 
 
@@ -626,7 +627,7 @@ def test_highs_solves_after_the_thread_count_changes():
     from xengine.solve import solve_xengine
 
     g = chain(5)
-    inst = Instance.single(g, g.devices[0], int(0.7 * g.keep_all_peak_bytes()))
+    inst = Instance.single(g, g.devices[0], int(0.7 * keep_all_peak_bytes(g)))
     objectives = []
     for threads in (None, 1, 2, None):
         res = solve_xengine(inst, options=SolverOptions(time_limit_s=30, threads=threads))
@@ -645,7 +646,7 @@ def test_highs_reports_its_bound_between_incumbents(monkeypatch):
 
     monkeypatch.setattr(highs_backend, "BOUND_REPORT_INTERVAL_S", 0.0)
     g = chain(16)
-    budget = int(0.7 * g.keep_all_peak_bytes())
+    budget = int(0.7 * keep_all_peak_bytes(g))
     res = solve_xengine(Instance(g, ("cpu",), (budget,)), options=SolverOptions(threads=1))
     assert res.status == "optimal"
     trace = res.extra["trace"]

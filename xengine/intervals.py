@@ -73,10 +73,9 @@ import numpy as np
 
 from xengine.bounds import LpBoundAlongside, cpu_split, lp_bound_s, pinned, placement_bound_s
 from xengine.problem import Instance
-from xengine.result import StrategyResult
+from xengine.result import StrategyResult, check_with_simulator
 from xengine.schedule import Schedule
 from xengine.simulate import ScheduleError, simulate
-from xengine.solve import check_with_simulator
 from xengine.solvers.cpsat import run_cpsat
 from xengine.solvers.model import SolverOptions, SolverUnavailable, relative_gap
 

@@ -39,7 +39,7 @@ from xengine.problem import Instance
 from xengine.progress import StatusLine
 from xengine.result import StrategyResult
 from xengine.schedule import Schedule
-from xengine.simulate import ScheduleError, simulate
+from xengine.simulate import ScheduleError, keep_all_peak_bytes, simulate
 from xengine.solvers import SolverOptions, SolverUnavailable, available_solvers
 from xengine.units import MemorySpec, MemorySpecError, format_bytes, parse_memory
 
@@ -523,7 +523,7 @@ def prepare(cfg: RunConfig) -> Prepared:
             graph = _apply_read_profile(profile, graph)
 
     view = _bytes_view(graph)
-    keep_all = view.keep_all_peak_bytes()
+    keep_all = keep_all_peak_bytes(view)
     budgets = tuple(s.resolve_bytes(keep_all) for s in specs)
     lower, known = _min_feasible_budget(view)
     # several devices: the single-device baselines get the total, so the run makes sense as

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from xengine.problem import Instance
 from xengine.schedule import Schedule
-from xengine.simulate import Simulation
+from xengine.simulate import ScheduleError, Simulation, simulate
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -58,3 +62,40 @@ class StrategyResult:
     def label(self) -> str:
         dev = "+".join(self.devices)
         return f"{self.strategy}[{dev}]"
+
+
+def check_with_simulator(
+    res: StrategyResult,
+    inst: Instance,
+    sched: Schedule,
+    what: str,
+    over_budget_is_error: bool,
+    elapsed_s: float,
+) -> None:
+    """Replay a solver's schedule and attach it and its simulation to ``res`` (in place).
+
+    A schedule the simulator rejects, or (``over_budget_is_error``: models exact about
+    memory) one over a budget, turns ``res`` into an error naming the reason.
+    """
+    try:
+        sim = simulate(inst, sched, check_budget=False)
+    except ScheduleError as exc:
+        res.status = "error"
+        res.message = f"{what} schedule rejected by the simulator: {exc}"
+        log.error("%s: %s", res.strategy, res.message)
+        return
+    res.schedule = sched
+    res.sim = sim
+    if sim.violations:
+        res.message = f"over budget in the simulator: {sim.violations[0]}"
+        if over_budget_is_error:
+            res.status = "error"
+    log.info(
+        "%s: %s, objective %.6g s (simulator %.6g s), gap %s, %.1f s total",
+        res.strategy,
+        res.status,
+        res.objective_s,
+        sim.time_s,
+        "-" if res.gap is None else f"{100 * res.gap:.3f}%",
+        elapsed_s,
+    )

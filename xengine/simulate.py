@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from xengine.graph.types import Graph
 from xengine.problem import Instance
-from xengine.schedule import Schedule
+from xengine.schedule import Schedule, keep_all_schedule
 
 BUDGET_TOLERANCE_BYTES = 0  # the simulator is exact; executors state their own tolerance
 
@@ -286,3 +287,18 @@ def _check_kept(R, t, alive, keep_next, alive_st, keep_st, names, dev) -> None:
                     f"stage {t}: the state of node {i} ({names[i]}) is kept on {dev[d]} into a "
                     f"stage that computes {names[i]} there again (which makes a new state)"
                 )
+
+
+def keep_all_peak_bytes(graph: Graph, device: str | None = None) -> int:
+    """Peak activation memory when every node runs once, each value stays until its last
+    reader and each state until its backward op: a plain PyTorch step's activation peak,
+    the "100 %" of percentage budgets. ``device`` picks whose workspaces count (default:
+    the first device with costs, else the nodes' default workspaces)."""
+    # memory does not depend on costs: a device without costs is simulated at zero cost
+    if device is None:
+        device = graph.devices[0] if graph.devices else "_"
+    g = graph
+    if device not in graph.devices:
+        g = graph.with_costs({device: {v.name: 0.0 for v in graph.nodes}})
+    inst = Instance.single(g, device, budget_bytes=None)
+    return int(simulate(inst, keep_all_schedule(inst)).peak_bytes.max())

@@ -320,24 +320,6 @@ class Graph:
     def forward_indices(self) -> tuple[int, ...]:
         return tuple(i for i, v in enumerate(self.nodes) if v.kind == "fwd")
 
-    def keep_all_peak_bytes(self, device: str | None = None) -> int:
-        """Peak activation memory when every node runs once, each value stays until its last
-        reader and each state until its backward op: a plain PyTorch step's activation peak,
-        the "100 %" of percentage budgets. ``device`` picks whose workspaces count (default:
-        the first device with costs, else the nodes' default workspaces)."""
-        from xengine.problem import Instance
-        from xengine.schedule import keep_all_schedule
-        from xengine.simulate import simulate
-
-        # memory does not depend on costs: a device without costs is simulated at zero cost
-        if device is None:
-            device = self.devices[0] if self.devices else "_"
-        g = self
-        if device not in self.devices:
-            g = self.with_costs({device: {v.name: 0.0 for v in self.nodes}})
-        inst = Instance.single(g, device, budget_bytes=None)
-        return int(simulate(inst, keep_all_schedule(inst)).peak_bytes.max())
-
     def node_lower_bound_bytes(self, device: str | None = None) -> np.ndarray:
         """Per node: its value, its state, its workspace (on ``device``, else the default),
         every value it reads and the state it reads, which must be on one device at once. The
