@@ -252,7 +252,8 @@ def main(cfg: DictConfig) -> None:
     console = logging.WARNING
     try:  # a config that cannot be read cannot be recorded either
         check_resolves(cfg)
-        flag(cfg, "tracking.enabled"), flag(cfg, "redo")  # strict booleans, read before use
+        for key in ("tracking.enabled", "redo"):  # strict booleans, read before use
+            flag(cfg, key)
         fingerprint = _fingerprint(cfg)
         # a sweep resumes: a point that already finished is not run again
         done = _already_done(cfg, fingerprint) if multirun else None

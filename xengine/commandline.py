@@ -404,9 +404,8 @@ def mem_and_devices(cfg: DictConfig) -> tuple[str, str]:
         mem = RunConfig(devices=devices, mem=mem_of(cfg)).mem_text
         return mem, "+".join(devices)
     except (ConfigError, MemorySpecError, TypeError, ValueError, OmegaConfBaseException):
-        return str(OmegaConf.to_container(cfg, resolve=False).get("mem")), str(
-            OmegaConf.to_container(cfg, resolve=False).get("devices")
-        )
+        raw = OmegaConf.to_container(cfg, resolve=False)
+        return str(raw.get("mem")), str(raw.get("devices"))
 
 
 def one_device_note(cfg: DictConfig, run_cfg: RunConfig) -> str | None:
