@@ -124,8 +124,8 @@ def _run_name(cfg: DictConfig) -> str:
 
 def _fingerprint(cfg: DictConfig) -> str:
     """What identifies this point of a sweep (tag ``xe.fingerprint``): the resolved config
-    less the keys that do not change the result (``xengine.sweep.VOLATILE_KEYS``)."""
-    from xengine.sweep import config_fingerprint
+    less the keys that do not change the result (``xengine.records.sweep.VOLATILE_KEYS``)."""
+    from xengine.records.sweep import config_fingerprint
 
     return config_fingerprint(OmegaConf.to_container(cfg, resolve=True))
 
@@ -136,8 +136,8 @@ def _already_done(cfg: DictConfig, fingerprint: str) -> str | None:
         return None
     from mlflow import MlflowClient
 
-    from xengine.sweep import find_finished_run
-    from xengine.tracking import resolve_tracking_uri
+    from xengine.records.sweep import find_finished_run
+    from xengine.records.tracking import resolve_tracking_uri
 
     try:
         client = MlflowClient(tracking_uri=resolve_tracking_uri(cfg.tracking.uri, cfg.results_dir))
@@ -148,10 +148,11 @@ def _already_done(cfg: DictConfig, fingerprint: str) -> str | None:
 
 
 def _sweep_parent(uri: str, experiment: str) -> str | None:
-    """The parent run of this multirun (made by ``xengine.sweep.SweepCallback``, or here)."""
+    """The parent run of this multirun (made by ``xengine.records.sweep.SweepCallback``, or
+    here)."""
     from mlflow import MlflowClient
 
-    from xengine.sweep import parent_run_for_sweep, sweep_id_of
+    from xengine.records.sweep import parent_run_for_sweep, sweep_id_of
 
     try:
         return parent_run_for_sweep(
@@ -165,7 +166,7 @@ def _sweep_parent(uri: str, experiment: str) -> str | None:
 def _tracker(
     cfg: DictConfig, console_level: int = logging.WARNING, fingerprint: str | None = None
 ) -> Tracker:
-    from xengine.tracking import MlflowTracker, resolve_tracking_uri
+    from xengine.records.tracking import MlflowTracker, resolve_tracking_uri
 
     if not flag(cfg, "tracking.enabled", True):
         return NullTracker()
@@ -194,7 +195,7 @@ def _tracker(
 
 
 def _start(tracker: Tracker, cfg: DictConfig) -> None:
-    from xengine.tracking import config_yaml, flatten_config
+    from xengine.records.tracking import config_yaml, flatten_config
 
     params = flatten_config(cfg)
     mem, devices = mem_and_devices(cfg)
@@ -246,7 +247,7 @@ def _record_failure(cfg: DictConfig, console: int, fingerprint: str, exc: Except
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    from xengine.report import format_table, summary_lines, table_csv
+    from xengine.records.report import format_table, summary_lines, table_csv
 
     multirun = HydraConfig.get().mode.name == "MULTIRUN"
     console = logging.WARNING
@@ -315,7 +316,7 @@ def _interrupted(exc: KeyboardInterrupt) -> None:
     MLflow run (and a sweep's parent) are marked KILLED, so a resumed sweep runs the point
     again."""
     from xengine import progress
-    from xengine.sweep import kill_open_sweep
+    from xengine.records.sweep import kill_open_sweep
 
     kill_open_sweep()
     name = str(exc) if isinstance(exc, interrupt.Interrupted) else "SIGINT"

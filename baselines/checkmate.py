@@ -1,6 +1,6 @@
 """Checkmate's optimal single-device rematerialization MILP (Jain et al., MLSys 2020).
 
-With one device, :func:`xengine.formulation.build` (mode ``exact``) is Checkmate's model:
+With one device, :func:`xengine.strategies.formulation.build` (mode ``exact``) is Checkmate's model:
 binary R, S, FREE with the hazard-count linearisation, the memory recurrence U and the
 objective sum C_i R[t,i]. This module adds what Checkmate does around the solve: a warm start
 from the best heuristic that fits, and the final pass that re-derives R from the solver's S.
@@ -26,14 +26,14 @@ from baselines.heuristics import (
     run_heuristics,
 )
 from xengine import progress as status
-from xengine.formulation import build
-from xengine.frontier import solve_frontier
 from xengine.graph.types import Graph
 from xengine.problem import Instance
 from xengine.result import StrategyResult
 from xengine.simulate import ScheduleError, simulate
 from xengine.solvers import MilpModel, ProgressFn, SolverOptions, solve
 from xengine.solvers.model import relative_gap
+from xengine.strategies.formulation import build
+from xengine.strategies.frontier import solve_frontier
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,8 @@ def solve_checkmate(
 ) -> StrategyResult:
     """Solve Checkmate's MILP for a one-device instance.
 
-    With ``frontier`` (default) the frontier relaxation (:mod:`xengine.frontier`) runs first,
+    With ``frontier`` (default) the frontier relaxation (:mod:`xengine.strategies.frontier`) runs
+    first,
     for at most :data:`FRONTIER_SHARE` of the time limit: its bound holds for this model and
     is far tighter than the MILP's own (resnet18 b4 at 70 %: a gap of 0.82 % after 5 s,
     where the MILP alone ends at 4.72 % after 10 s and 4.15 % after 120 s; MEASUREMENTS.md),
@@ -231,7 +232,8 @@ def _frontier_phase(
     extra["frontier"] = info
     if fr.status == "infeasible":
         if seed is None:
-            why = "the frontier relaxation of Checkmate's model (xengine/frontier.py) is "
+            why = "the frontier relaxation of Checkmate's model "
+            why += "(xengine/strategies/frontier.py) is "
             why += "infeasible; " + budget_range_message(
                 inst.graph, infeasible_at=int(inst.budget_bytes[0])
             )
@@ -280,7 +282,7 @@ def _frontier_answer(
     extra["warm_start"] = extra.get("warm_start", seed.strategy)
     if milp is None:
         message = (
-            f"proven optimal by the frontier relaxation (xengine/frontier.py): the "
+            f"proven optimal by the frontier relaxation (xengine/strategies/frontier.py): the "
             f"{seed.strategy} schedule meets its bound, so the full MILP was not run"
         )
     else:

@@ -1,6 +1,6 @@
 """Checkmate's LP relaxation with two-phase rounding, solved through cvxpy as Checkmate ships it.
 
-The relaxation is the exact single-device model of :func:`xengine.formulation.build` with
+The relaxation is the exact single-device model of :func:`xengine.strategies.formulation.build` with
 integrality dropped; its optimum is a lower bound on every schedule's time at this budget.
 Phase one rounds the fractional checkpoint matrix S only (a sweep of thresholds 0.1..0.9 and
 Bernoulli samples with a fixed seed); phase two derives R with :func:`solve_r_opt`. Every
@@ -25,12 +25,12 @@ from baselines.heuristics import (
     over_budget_message,
     require_one_device,
 )
-from xengine.formulation import build
 from xengine.problem import Instance
 from xengine.result import StrategyResult
 from xengine.simulate import simulate
 from xengine.solvers import MilpModel, SolverOptions, SolverUnavailable
 from xengine.solvers.model import relative_gap
+from xengine.strategies.formulation import build
 
 log = logging.getLogger(__name__)
 

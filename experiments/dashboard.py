@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from xengine.tracking import artifact_location_for, resolve_tracking_uri  # noqa: E402
+from xengine.records.tracking import artifact_location_for, resolve_tracking_uri  # noqa: E402
 
 log = logging.getLogger("dashboard")
 

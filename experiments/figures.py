@@ -55,7 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from xengine.tracking import resolve_tracking_uri  # noqa: E402
+from xengine.records.tracking import resolve_tracking_uri  # noqa: E402
 
 log = logging.getLogger("figures")
 

@@ -31,8 +31,8 @@ if str(ROOT) not in sys.path:
 
 from baselines.heuristics import HEURISTICS  # noqa: E402
 from experiments.solver_benchmark import budgets_for, net_graph  # noqa: E402
-from xengine.plots import save_figure  # noqa: E402
 from xengine.problem import Instance  # noqa: E402
+from xengine.records.plots import save_figure  # noqa: E402
 
 log = logging.getLogger("heuristics_nets")
 FIELDS = [

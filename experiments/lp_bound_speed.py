@@ -2,11 +2,13 @@
 
 For each net (shipped CPU + H200 costs, two devices, a budget fraction of keep-everything on
 each) the exact model is built once and its relaxation solved by HiGHS's dual simplex, by its
-interior point without crossover, and by OR-Tools' PDLP (:func:`xengine.bounds.lp_bound_s`).
+interior point without crossover, and by OR-Tools' PDLP
+(:func:`xengine.strategies.bounds.lp_bound_s`).
 The interior-point and PDLP bounds are computed from their multipliers by weak duality, so
 every column is a proven bound; PDLP's holds when it is stopped by the limit too. Each
 relaxation is that of one written form of the FREE rows (``--free-rows``: the tight AND rows
-that :func:`~xengine.bounds.lp_bound_s` uses by default, and/or Checkmate's hazard count), so
+that :func:`~xengine.strategies.bounds.lp_bound_s` uses by default, and/or Checkmate's hazard
+count), so
 the forms' bounds and times are compared side by side too. Writes
 ``results/lp_bound_speed/lp_bound_speed.{csv,png}``.
 
@@ -32,12 +34,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from experiments.solver_benchmark import net_graph  # noqa: E402
-from xengine.bounds import lp_bound_s  # noqa: E402
-from xengine.formulation import FREE_ROWS, build  # noqa: E402
-from xengine.plots import save_figure  # noqa: E402
 from xengine.problem import Instance  # noqa: E402
+from xengine.records.plots import save_figure  # noqa: E402
 from xengine.simulate import keep_all_peak_bytes  # noqa: E402
 from xengine.solvers import SolverOptions  # noqa: E402
+from xengine.strategies.bounds import lp_bound_s  # noqa: E402
+from xengine.strategies.formulation import FREE_ROWS, build  # noqa: E402
 
 log = logging.getLogger("lp_bound_speed")
 METHODS = ("simplex", "ipm", "pdlp")

@@ -1,11 +1,13 @@
 """Solver benchmark (issue 5): formulations and back-ends side by side on a fixed suite.
 
-Every (instance, solver, formulation) is solved through :func:`xengine.solve.solve_xengine`
+Every (instance, solver, formulation) is solved through
+:func:`xengine.strategies.solve.solve_xengine`
 with the same options in the same run, so the published form (``reference``: full T x n
 matrices, stage fixings as rows, hazard-count FREE rows over every (t, e), no reductions) and
 the faster forms are compared as measured ratios. Each row records the model size, build time,
 time to the first incumbent, solve time, status, gap and bound, the model's objective and the
-simulator's time for the returned schedule (they must agree: :func:`xengine.solve.agree`), and
+simulator's time for the returned schedule (they must agree:
+:func:`xengine.strategies.solve.agree`), and
 the LP-relaxation bound of the same model. When two formulations of one instance disagree on
 the optimum (or a schedule disagrees with its objective) a ``bug`` row says so.
 
@@ -40,17 +42,17 @@ if str(ROOT) not in sys.path:
 from baselines.checkmate import min_feasible_budget_bytes  # noqa: E402
 from baselines.heuristics import best_fitting, run_heuristics  # noqa: E402
 from baselines.lp_rounding import solve_lp_rounding  # noqa: E402
-from xengine.bounds import lp_bound_s, placement_bound_s  # noqa: E402
-from xengine.coarsen import coarsen, solve_coarse  # noqa: E402
-from xengine.distribute import start_candidates  # noqa: E402
 from xengine.graph.synthetic import training_graph  # noqa: E402
 from xengine.graph.types import CopyModel, Graph  # noqa: E402
-from xengine.plots import save_figure  # noqa: E402
 from xengine.problem import Instance  # noqa: E402
+from xengine.records.plots import save_figure  # noqa: E402
 from xengine.schedule import Schedule  # noqa: E402
 from xengine.simulate import keep_all_peak_bytes, simulate  # noqa: E402
-from xengine.solve import agree, solve_xengine  # noqa: E402
 from xengine.solvers import SolverOptions, SolverUnavailable  # noqa: E402
+from xengine.strategies.bounds import lp_bound_s, placement_bound_s  # noqa: E402
+from xengine.strategies.coarsen import coarsen, solve_coarse  # noqa: E402
+from xengine.strategies.distribute import start_candidates  # noqa: E402
+from xengine.strategies.solve import agree, solve_xengine  # noqa: E402
 
 log = logging.getLogger("solver_benchmark")
 
@@ -63,13 +65,15 @@ FORMULATIONS: dict[str, dict] = {
     "coarse2": {},
     "coarse3": {},
 }
-"""Name -> keyword arguments of :func:`xengine.formulation.build`. ``default`` is what
-:func:`xengine.solve.solve_xengine` builds for the solver (the tight FREE rows on the MILP
+"""Name -> keyword arguments of :func:`xengine.strategies.formulation.build`. ``default`` is what
+:func:`xengine.strategies.solve.solve_xengine` builds for the solver (the tight FREE rows on the
+MILP
 solvers); ``hazard`` is the same reduced model with Checkmate's hazard-count FREE rows, the
 default before they were measured here; ``reference`` the published form. ``intervals`` is the
-retention-interval model of :mod:`xengine.intervals`; it always runs on CP-SAT (its rows say
+retention-interval model of :mod:`xengine.strategies.intervals`; it always runs on CP-SAT (its rows
+say
 ``solver=cpsat``) and is compared with the MILP rows of the same instance. ``coarse<k>`` is
-the default MILP on the coarsened graph (:mod:`xengine.coarsen`, runs of up to ``k`` ops
+the default MILP on the coarsened graph (:mod:`xengine.strategies.coarsen`, runs of up to ``k`` ops
 fused), its schedule expanded to the fine graph: its row's objective is the fine simulated
 time (an upper bound on the fine optimum, never a bound below it) and its model figures are
 the coarse model's."""
@@ -303,7 +307,7 @@ def starting_schedule(
 
     ``heuristic``: the best one-device heuristic schedule that fits; ``spread``: also the
     one-device heuristics spread over the devices and the placed model
-    (:func:`xengine.distribute.start_candidates`)."""
+    (:func:`xengine.strategies.distribute.start_candidates`)."""
     x0, label, t0_s = None, "", None
     ws = warm_schedule(inst)
     if ws is not None:
@@ -347,7 +351,7 @@ def coarse_start_schedule(
 def running_gap(trace: list[tuple]):
     """Yield (elapsed_s, best incumbent so far, best bound so far, relative gap or None) for
     each point of ``trace`` ([(elapsed_s, incumbent or None, bound or None)], as
-    :func:`xengine.solve.solve_xengine` records it); inf / -inf while there is none."""
+    :func:`xengine.strategies.solve.solve_xengine` records it); inf / -inf while there is none."""
     best_inc, best_bound = np.inf, -np.inf
     for el, inc, bound in trace:
         if inc is not None:
@@ -849,7 +853,8 @@ def main(argv: list[str] | None = None) -> int:
         choices=("none", "heuristic", "spread"),
         default="none",
         help="heuristic: best one-device heuristic that fits; spread: also the one-device "
-        "heuristics spread over the devices and the placed model (xengine.distribute), whose "
+        "heuristics spread over the devices and the placed model "
+        "(xengine.strategies.distribute), whose "
         "time (warm_start_time_s) is not in solve_s",
     )
     ap.add_argument(
@@ -916,7 +921,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    for name in ("xengine.solve", "xengine.formulation", "baselines.checkmate"):
+    for name in (
+        "xengine.strategies.solve",
+        "xengine.strategies.formulation",
+        "baselines.checkmate",
+    ):
         logging.getLogger(name).setLevel(logging.WARNING)
 
     solvers = [s for s in args.solvers.split(",") if s]

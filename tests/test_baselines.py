@@ -28,8 +28,8 @@ from xengine.graph.synthetic import chain, linear_graph, training_graph
 from xengine.problem import Instance
 from xengine.schedule import Schedule, keep_all_schedule
 from xengine.simulate import ScheduleError, keep_all_peak_bytes, simulate
-from xengine.solve import agree, solve_xengine
 from xengine.solvers import SolverOptions, SolverUnavailable
+from xengine.strategies.solve import agree, solve_xengine
 
 OPTS = SolverOptions(time_limit_s=60, rel_gap=1e-9)
 DEV = "cpu"

@@ -1,16 +1,16 @@
-"""Lower bounds that hold for the whole problem (xengine.bounds)."""
+"""Lower bounds that hold for the whole problem (xengine.strategies.bounds)."""
 
 from __future__ import annotations
 
 import pytest
 
 from tests.helpers import random_graph
-from xengine.bounds import lp_bound_s, placement_bound_s
 from xengine.problem import Instance
 from xengine.schedule import keep_all_schedule
 from xengine.simulate import keep_all_peak_bytes, simulate
-from xengine.solve import solve_xengine
 from xengine.solvers import SolverOptions
+from xengine.strategies.bounds import lp_bound_s, placement_bound_s
+from xengine.strategies.solve import solve_xengine
 
 OPTS = SolverOptions(time_limit_s=60, rel_gap=1e-9)
 
@@ -102,7 +102,7 @@ def test_a_milp_stopped_at_its_limit_reports_the_better_bound():
     """HiGHS's bound at a time limit can be weaker than the placement bound; the run reports
     the better one, and an incumbent that meets it is proven optimal."""
     from xengine.result import StrategyResult
-    from xengine.solve import _tighten_with_placement_bound
+    from xengine.strategies.solve import _tighten_with_placement_bound
 
     g = random_graph(3, devices=("a", "b"))
     inst = Instance(g, ("a", "b"), (10**12, 10**12))
@@ -207,7 +207,7 @@ def test_dual_bound_is_the_optimum_at_optimal_multipliers_and_below_it_elsewhere
 
 
 def test_lp_bound_alongside_that_fails_gives_no_bound(caplog):
-    from xengine.bounds import LpBoundAlongside
+    from xengine.strategies.bounds import LpBoundAlongside
 
     g = random_graph(0)
     inst = Instance(g, ("a", "b"), (int(0.7 * keep_all_peak_bytes(g)),) * 2)

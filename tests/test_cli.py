@@ -34,11 +34,11 @@ from xengine.pipeline import (
     run_pipeline,
 )
 from xengine.problem import Instance
+from xengine.records.tracking import flatten_config, resolve_tracking_uri
 from xengine.result import StrategyResult
 from xengine.schedule import Schedule
 from xengine.simulate import simulate
 from xengine.solvers import SolverOptions, SolverUnavailable
-from xengine.tracking import flatten_config, resolve_tracking_uri
 from xengine.units import MemorySpecError
 
 REPO = Path(__file__).resolve().parents[1]

@@ -11,14 +11,14 @@ import pytest
 
 from tests._schedules import checkpoint_schedule
 from tests.helpers import copy_models
-from xengine.coarsen import coarsen, group_ranges, solve_coarse
 from xengine.graph.synthetic import chain, training_graph
 from xengine.graph.types import CopyModel, Graph
 from xengine.problem import Instance
 from xengine.schedule import Schedule, keep_all_schedule
 from xengine.simulate import keep_all_peak_bytes, simulate
-from xengine.solve import solve_xengine
 from xengine.solvers import SolverOptions
+from xengine.strategies.coarsen import coarsen, group_ranges, solve_coarse
+from xengine.strategies.solve import solve_xengine
 
 OPTS = SolverOptions(time_limit_s=20, rel_gap=1e-9)
 REPO = Path(__file__).resolve().parents[1]

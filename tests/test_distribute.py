@@ -7,13 +7,13 @@ import pytest
 
 from baselines.checkmate import solve_checkmate
 from tests.helpers import RESIDUAL, copy_models, random_graph
-from xengine.distribute import place, spread, start_candidates, units
 from xengine.graph.synthetic import training_graph
 from xengine.problem import Instance
 from xengine.schedule import keep_all_schedule
 from xengine.simulate import keep_all_peak_bytes, simulate
-from xengine.solve import agree, solve_xengine
 from xengine.solvers import SolverOptions
+from xengine.strategies.distribute import place, spread, start_candidates, units
+from xengine.strategies.solve import agree, solve_xengine
 
 OPTS = SolverOptions(time_limit_s=60, rel_gap=1e-9)
 
@@ -197,7 +197,7 @@ def test_placed_model_gets_a_multi_device_placement_when_one_device_fits_best():
 
 
 def test_an_unavailable_solver_skips_the_placed_model_with_a_warning(monkeypatch, caplog):
-    import xengine.solve as solve_mod
+    import xengine.strategies.solve as solve_mod
     from xengine.solvers import SolverUnavailable
 
     def unavailable(*args, **kwargs):

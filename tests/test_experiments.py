@@ -1,6 +1,6 @@
 """Experiment configs, resumable-sweep helpers, the dashboard and the scale-out launcher.
 
-The sweep helpers (:mod:`xengine.sweep`) run against a real SQLite MLflow store in
+The sweep helpers (:mod:`xengine.records.sweep`) run against a real SQLite MLflow store in
 ``tmp_path``; the dashboard test starts ``mlflow ui`` on a free loopback port and stops it; the
 launcher test runs a 2-point solve-only multirun of ``run.py`` through submitit's local
 executor and checks that both points landed in the store.
@@ -24,7 +24,7 @@ import yaml
 from mlflow import MlflowClient
 from omegaconf import OmegaConf
 
-from xengine.sweep import (
+from xengine.records.sweep import (
     FINGERPRINT_TAG,
     PARENT_TAG,
     SweepCallback,
@@ -341,7 +341,8 @@ def test_submitit_local_two_point_solve_only_sweep(tmp_path, uri):
         str(REPO / "run.py"),
         "-m",
         "hydra/launcher=local_parallel",
-        "++hydra.callbacks.sweep._target_=xengine.sweep.SweepCallback",  # in config.yaml later
+        # in config.yaml later
+        "++hydra.callbacks.sweep._target_=xengine.records.sweep.SweepCallback",
         f"hydra.sweep.dir={tmp_path / 'sweep'}",
         f"results_dir={tmp_path / 'results'}",
         f"tracking.uri=sqlite:///{db}",

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 
 from tests.helpers import RESIDUAL, copy_models, random_graph
-from xengine.formulation import build, default_free_rows
 from xengine.graph.synthetic import chain, training_graph
 from xengine.problem import Instance
 from xengine.schedule import keep_all_schedule
 from xengine.simulate import keep_all_peak_bytes, simulate
-from xengine.solve import agree, solve_xengine
 from xengine.solvers import SolverOptions
+from xengine.strategies.formulation import build, default_free_rows
+from xengine.strategies.solve import agree, solve_xengine
 
 OPTS = SolverOptions(time_limit_s=60, rel_gap=1e-9)
 
@@ -313,7 +313,7 @@ def _twins(seed: int):
 
 
 def test_twins_are_recognised():
-    from xengine.formulation import twin_of_first
+    from xengine.strategies.formulation import twin_of_first
 
     g = _twins(0)
     assert twin_of_first(Instance(g, ("a", "a2"), (10**6, 10**6)))

@@ -1,4 +1,5 @@
-"""The frontier relaxation (xengine/frontier.py): every schedule is a point of it at its own
+"""The frontier relaxation (xengine/strategies/frontier.py): every schedule is a point of it at its
+own
 time, so its optimum bounds Checkmate's; and solve_checkmate's use of it."""
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ from _schedules import checkpoint_schedule
 
 import baselines.checkmate as cm
 from baselines.heuristics import run_heuristics
-from xengine.frontier import FrontierResult, build_frontier, solve_frontier
 from xengine.graph.synthetic import chain, training_graph
 from xengine.problem import Instance
 from xengine.simulate import keep_all_peak_bytes, simulate
 from xengine.solvers import SolverOptions, solve
+from xengine.strategies.frontier import FrontierResult, build_frontier, solve_frontier
 
 DEV = "cpu"
 OPTS = SolverOptions(time_limit_s=60, rel_gap=1e-9)

@@ -1,4 +1,5 @@
-"""The retention-interval model (xengine.intervals) against the MILP and the simulator."""
+"""The retention-interval model (xengine.strategies.intervals) against the MILP and the
+simulator."""
 
 from __future__ import annotations
 
@@ -14,7 +15,11 @@ from helpers import copy_models, random_graph
 
 from xengine.graph.synthetic import chain
 from xengine.graph.types import Edge, Graph, Node
-from xengine.intervals import (
+from xengine.problem import Instance
+from xengine.schedule import Schedule, keep_all_schedule
+from xengine.simulate import keep_all_peak_bytes, simulate
+from xengine.solvers import SolverOptions, SolverUnavailable
+from xengine.strategies.intervals import (
     _replay,
     event,
     interval_peaks,
@@ -22,11 +27,7 @@ from xengine.intervals import (
     solution_of,
     solve_intervals,
 )
-from xengine.problem import Instance
-from xengine.schedule import Schedule, keep_all_schedule
-from xengine.simulate import keep_all_peak_bytes, simulate
-from xengine.solve import agree, solve_xengine
-from xengine.solvers import SolverOptions, SolverUnavailable
+from xengine.strategies.solve import agree, solve_xengine
 
 REPO = Path(__file__).resolve().parents[1]
 OPTS = SolverOptions(time_limit_s=60, rel_gap=1e-9, threads=2)
@@ -222,7 +223,7 @@ def test_lp_bound_alongside_is_the_same_bound():
 
 
 def test_pinned_restores_the_cpus():
-    from xengine.bounds import cpu_split, pinned
+    from xengine.strategies.bounds import cpu_split, pinned
 
     before = os.sched_getaffinity(0)
     bound_cpus, search_cpus = cpu_split()

@@ -428,7 +428,7 @@ def test_resnet18_on_two_cpu_sub_devices(tmp_path, store):
     2026-12-01 it left cpu1 unused.)
 
     Neither one-device schedule with the total memory fits 50 % of one device, so XEngine's
-    start comes from :mod:`xengine.distribute` (a placement of those schedules over both
+    start comes from :mod:`xengine.strategies.distribute` (a placement of those schedules over both
     devices, then the model restricted to it); before that start existed, HiGHS kept a
     one-device schedule (gap 64.5 % after 600 s)."""
     proc = run_cli(

@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from xengine.formulation import build
 from xengine.graph.synthetic import chain, training_graph
 from xengine.graph.types import CopyModel
 from xengine.problem import Instance
@@ -30,6 +29,7 @@ from xengine.solvers import (
     solve,
 )
 from xengine.solvers.model import STATUSES, MilpModel
+from xengine.strategies.formulation import build
 
 NAMES = sorted(SOLVERS)
 PACKAGES = {
@@ -624,7 +624,7 @@ def test_highs_solves_after_the_thread_count_changes():
     ``threads`` failed with status "Not Set" until the pool was reset."""
     from xengine.graph.synthetic import chain
     from xengine.problem import Instance
-    from xengine.solve import solve_xengine
+    from xengine.strategies.solve import solve_xengine
 
     g = chain(5)
     inst = Instance.single(g, g.devices[0], int(0.7 * keep_all_peak_bytes(g)))
@@ -642,7 +642,7 @@ def test_highs_reports_its_bound_between_incumbents(monkeypatch):
     bound-only points before the first incumbent, never a falling bound, and ends at the
     solver's final objective and bound."""
     import xengine.solvers.highs as highs_backend
-    from xengine.solve import solve_xengine
+    from xengine.strategies.solve import solve_xengine
 
     monkeypatch.setattr(highs_backend, "BOUND_REPORT_INTERVAL_S", 0.0)
     g = chain(16)

@@ -72,7 +72,7 @@ def test_restarted_sweep_finishes_only_the_missing_point(tmp_path, store):
 def test_sweep_size_counts_points_as_the_basic_sweeper_expands_them():
     from omegaconf import OmegaConf
 
-    from xengine.sweep import sweep_size
+    from xengine.records.sweep import sweep_size
 
     hc = OmegaConf.create(
         {

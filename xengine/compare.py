@@ -4,7 +4,7 @@ XEngine gets budget ``b_d`` on every device ``d``; each single device runs Check
 heuristics) alone with the same *total* memory ``sum_d b_d``, the other devices unused. The
 gain is measured against the fastest single-device schedule that fits. XEngine is warm-started
 from the fastest of: the single-device schedules that are also feasible at the per-device
-budgets, and those schedules spread over the devices (:mod:`xengine.distribute`).
+budgets, and those schedules spread over the devices (:mod:`xengine.strategies.distribute`).
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from xengine.distribute import start_candidates
 from xengine.problem import Instance
 from xengine.result import StrategyResult
 from xengine.schedule import Schedule
 from xengine.simulate import ScheduleError, simulate
-from xengine.solve import solve_xengine
 from xengine.solvers import SolverOptions
+from xengine.strategies.distribute import start_candidates
+from xengine.strategies.solve import solve_xengine
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ def warm_start(
        48.2-48.4 ms in 60 s), so a start exists even when step 2 runs out of time;
     2. (exact and intervals modes, several devices) those schedules and keep-everything
        spread over the devices, and XEngine's model restricted to the best spread's placement
-       (:func:`xengine.distribute.start_candidates`; the run's time limit and gap);
+       (:func:`xengine.strategies.distribute.start_candidates`; the run's time limit and gap);
     3. only when none of those fits: Checkmate and the heuristics on each device alone with
        that device's own budget (DESIGN.md section 6: each is a feasible point of XEngine's
        model), Checkmate with a quarter of the time limit and a 5 % gap: a start needs a good

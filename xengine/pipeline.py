@@ -80,10 +80,11 @@ STRATEGIES: dict[str, StrategySpec] = {
     "chen_sqrtn": StrategySpec("baselines.heuristics:solve_chen_sqrtn", True, False),
     "chen_greedy": StrategySpec("baselines.heuristics:solve_chen_greedy", True, False),
     "recompute_greedy": StrategySpec("baselines.heuristics:solve_recompute_greedy", True, False),
-    "xengine": StrategySpec("xengine.solve:solve_xengine", False, True),
+    "xengine": StrategySpec("xengine.strategies.solve:solve_xengine", False, True),
 }
 LP_BOUND_MODES: dict[str, bool | str] = {"before": True, "alongside": "alongside", "none": False}
-"""``lp_bound=`` for formulation=intervals (:func:`xengine.intervals.solve_intervals`): the LP
+"""``lp_bound=`` for formulation=intervals (:func:`xengine.strategies.intervals.solve_intervals`):
+the LP
 bound first, for at most half the time limit; in its own process on one CPU during the whole
 search; or not at all (the placement bound only)."""
 
@@ -128,7 +129,8 @@ class RunConfig:
     formulation: str = "exact"
     max_computes: int = 2  # formulation=intervals: computations per node and device
     lp_bound: str = "before"  # formulation=intervals: before | alongside | none (LP bound)
-    coarsen: int | None = None  # xengine: fuse runs of up to this many ops (xengine.coarsen)
+    # xengine: fuse runs of up to this many ops (xengine.strategies.coarsen)
+    coarsen: int | None = None
     strategies: tuple[str, ...] = DEFAULT_STRATEGIES
     execute: bool = True
     n_steps: int = 5
@@ -365,7 +367,7 @@ def _mib_max(values: tuple[int, ...] | None) -> float | None:
 
 
 class Tracker(Protocol):
-    """Where results go as soon as they exist (``xengine.tracking.MlflowTracker``)."""
+    """Where results go as soon as they exist (``xengine.records.tracking.MlflowTracker``)."""
 
     def __enter__(self) -> Tracker: ...
 
@@ -802,7 +804,7 @@ def _record_figures(tracker: Tracker, row: RunRow, inst: Instance) -> None:
     try:
         import matplotlib.pyplot as plt
 
-        from xengine.plots import memory_over_steps, r_matrix
+        from xengine.records.plots import memory_over_steps, r_matrix
 
         title = f"{inst.graph.name}: {row.label} ({row.status})"
         for suffix, make in (
@@ -956,7 +958,7 @@ def _solve(
     if name == "xengine" and cfg.coarsen is not None:
         # the coarse model is solved and its schedule expanded to this graph; a start for the
         # fine graph does not fit the coarse one, so the coarse model starts without one
-        from xengine.coarsen import solve_coarse
+        from xengine.strategies.coarsen import solve_coarse
 
         kwargs.pop("warm_start", None)
         kwargs.update(max_group=cfg.coarsen, strategy=name)

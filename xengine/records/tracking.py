@@ -21,7 +21,7 @@ What a run holds:
   ``xe.best_single``, ``xe.infeasible_single`` (row labels, or ``none``), ``xe.warm_start``;
 * artifacts: ``config.yaml`` (composed config), ``hydra/`` (Hydra's own record of the job),
   ``schedules/<strategy>.json``, ``figures/<strategy>_memory.png`` and
-  ``figures/<strategy>_R.png`` (:mod:`xengine.plots`), ``table.csv``, ``profile.json``, the
+  ``figures/<strategy>_R.png`` (:mod:`xengine.records.plots`), ``table.csv``, ``profile.json``, the
   job's log file.
 
 This module and ``run.py`` are the only ones that know Hydra/OmegaConf.

@@ -283,7 +283,8 @@ def solve_coarse(
     max_group: int = 3,
     **solve_kwargs,
 ) -> StrategyResult:
-    """Solve the coarse instance with :func:`xengine.solve.solve_xengine`, expand, replay.
+    """Solve the coarse instance with :func:`xengine.strategies.solve.solve_xengine`, expand,
+    replay.
 
     ``solve_kwargs`` go to ``solve_xengine`` as they are: a ``warm_start`` or ``placement``
     must be for the coarse graph.
@@ -293,7 +294,7 @@ def solve_coarse(
     so ``best_bound_s`` and ``gap`` are cleared and an optimal coarse solve is ``feasible``).
     """
     from xengine.simulate import ScheduleError, simulate
-    from xengine.solve import solve_xengine
+    from xengine.strategies.solve import solve_xengine
 
     t0 = time.perf_counter()
     c = coarsening or coarsen(inst.graph, max_group)

@@ -43,7 +43,8 @@ Two switches change how the same model is written, never its optimum:
     refuses this form (continuous F sits in the memory equalities, so it is not implied
     integer).
 ``free_rows="tight"`` is what :func:`default_free_rows` picks for every MILP solver (the
-    callers :func:`xengine.solve.solve_xengine` and :func:`xengine.bounds.lp_bound_s` apply it
+    callers :func:`xengine.strategies.solve.solve_xengine` and
+    :func:`xengine.strategies.bounds.lp_bound_s` apply it
     when not told otherwise); ``build`` itself keeps ``hazard`` as its default, the published
     rows, which Checkmate's baseline and its LP rounding use.
 ``break_symmetry=True``: when devices are interchangeable (:func:`twin_of_first`: same costs,

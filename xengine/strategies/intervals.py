@@ -1,6 +1,7 @@
 """The retention-interval model on OR-Tools CP-SAT, for one device or several (issue 5).
 
-Why a second model: the Checkmate / XEngine MILP (:mod:`xengine.formulation`) has D x n x n
+Why a second model: the Checkmate / XEngine MILP (:mod:`xengine.strategies.formulation`) has D x n
+x n
 binaries for R and S alone, and its LP relaxation is what open-source MILP solvers spend their
 time on (shared/reference/solver-calibration.md: ResNet-50 gets no solution from HiGHS in
 600 s). MOCCASIN (Bartan et al., ICML 2023) writes the same single-device problem with
@@ -71,13 +72,19 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from xengine.bounds import LpBoundAlongside, cpu_split, lp_bound_s, pinned, placement_bound_s
 from xengine.problem import Instance
 from xengine.result import StrategyResult, check_with_simulator
 from xengine.schedule import Schedule
 from xengine.simulate import ScheduleError, simulate
 from xengine.solvers.cpsat import run_cpsat
 from xengine.solvers.model import SolverOptions, SolverUnavailable, relative_gap
+from xengine.strategies.bounds import (
+    LpBoundAlongside,
+    cpu_split,
+    lp_bound_s,
+    pinned,
+    placement_bound_s,
+)
 
 log = logging.getLogger(__name__)
 
@@ -259,12 +266,12 @@ def solve_intervals(
 ) -> StrategyResult:
     """Solve ``inst`` with the retention-interval model on CP-SAT (module docstring).
 
-    Same result type and the same simulator check as :func:`xengine.solve.solve_xengine`;
+    Same result type and the same simulator check as :func:`xengine.strategies.solve.solve_xengine`;
     ``objective_s`` is the model's time of the returned solution and ``model_peak_bytes`` the
     model's memory with tight intervals (:func:`interval_peaks`), which must equal the
     simulator's. ``extra["restriction"]`` states what the model cannot express.
     ``placement`` (a device index per node, -1 = free) computes and keeps each node on its
-    device only, as in :func:`xengine.solve.solve_xengine`.
+    device only, as in :func:`xengine.strategies.solve.solve_xengine`.
 
     ``lp_bound``: CP-SAT's own bound stays near zero on these models with two workers (its
     portfolio then has no bound-proving worker), so the LP relaxation of the exact MILP is
@@ -277,7 +284,8 @@ def solve_intervals(
     computed (without a placement restriction) and given to CP-SAT the same way.
     ``lp_bound="alongside"`` computes the LP bound (:func:`lp_bound_s`, PDLP from resnet50's
     size on) in a process of its own on one CPU for the whole time limit, while CP-SAT
-    searches on the other CPUs (:class:`xengine.bounds.LpBoundAlongside`). CP-SAT cannot use
+    searches on the other CPUs (:class:`xengine.strategies.bounds.LpBoundAlongside`). CP-SAT cannot
+    use
     that bound during its search (it only stops at the time limit then), but it is reported
     as ``best_bound_s`` and ``gap`` like the other; ``solve_time_s`` includes waiting for it.
     """

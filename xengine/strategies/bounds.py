@@ -26,9 +26,9 @@ from concurrent.futures import Future, ProcessPoolExecutor
 
 import numpy as np
 
-from xengine.formulation import build
 from xengine.problem import Instance
 from xengine.solvers import ModelBuilder, SolverOptions, solve
+from xengine.strategies.formulation import build
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def lp_bound_s(
 
     Valid for every formulation of the same instance, restricted ones included (their optima
     are never below the exact model's). ``build_options`` pick the written form
-    (:func:`xengine.formulation.build`); the forms' relaxations differ. Unless they say
+    (:func:`xengine.strategies.formulation.build`); the forms' relaxations differ. Unless they say
     otherwise, the simplex and the interior point relax the tight FREE rows, whose
     relaxation is the strongest we have (CPU + H200 costs, two devices, 50 %: 18.54 against
     the hazard rows' 17.73 ms on vgg16, 21.15 against 20.87 ms on resnet18), and PDLP

@@ -222,17 +222,18 @@ def start_candidates(
        with the total memory on the device that is fastest overall) that fits;
     2. the optimum of XEngine's model restricted to the best placement over several devices
        (fitting or, failing that, least over the budgets; each node on its
-       placed device only; :func:`xengine.solve.solve_xengine` with ``placement``), solved
+       placed device only; :func:`xengine.strategies.solve.solve_xengine` with ``placement``),
+       solved
        with ``options`` as they are: on resnet18 with two CPU sub-devices it reached a 0.5 %
        gap only after 78 s (32 % at 22 s), so a shorter limit or a looser gap costs most of
        its value. Skipped when the placement uses one device. ``mode`` is XEngine's model
-       (``exact`` MILP or ``intervals``, :mod:`xengine.intervals`).
+       (``exact`` MILP or ``intervals``, :mod:`xengine.strategies.intervals`).
 
     Candidates may exceed the budgets only if the caller checks; both kinds here fit.
     """
     from baselines.heuristics import solve_chen_greedy
     from xengine.schedule import keep_all_schedule
-    from xengine.solve import solve_xengine
+    from xengine.strategies.solve import solve_xengine
 
     if inst.n_devices < 2:
         return []

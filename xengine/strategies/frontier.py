@@ -1,6 +1,7 @@
 """The frontier relaxation: a small MILP whose optimum bounds any one-device schedule's time.
 
-Checkmate's MILP (Jain et al., MLSys 2020, eq. 1-9; :mod:`xengine.formulation` with one device)
+Checkmate's MILP (Jain et al., MLSys 2020, eq. 1-9; :mod:`xengine.strategies.formulation` with one
+device)
 tracks memory after every operation of every stage, through the FREE and U variables. Its LP
 relaxation is weak: on resnet18 b4 at 70 % it barely leaves the keep-everything time, and
 HiGHS moves its bound by 1 ms in 120 s (MEASUREMENTS.md, "The frontier relaxation"). This

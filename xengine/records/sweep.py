@@ -108,7 +108,7 @@ def _experiment_id(client: Any, experiment: str, create: bool = False) -> str | 
         return exp.experiment_id
     if not create:
         return None
-    from xengine.tracking import artifact_location_for
+    from xengine.records.tracking import artifact_location_for
 
     uri = str(getattr(client, "tracking_uri", ""))
     try:
@@ -308,7 +308,7 @@ def kill_open_sweep() -> None:
 
 
 class SweepCallback(_Callback):
-    """``hydra.callbacks.sweep._target_=xengine.sweep.SweepCallback``.
+    """``hydra.callbacks.sweep._target_=xengine.records.sweep.SweepCallback``.
 
     On multirun start (in the launching process, before any job): count the points, create the
     store, the experiment and the sweep's parent run. On each job's start: log "sweep point k
@@ -327,7 +327,7 @@ class SweepCallback(_Callback):
         from mlflow import MlflowClient
         from omegaconf import OmegaConf
 
-        from xengine.tracking import resolve_tracking_uri
+        from xengine.records.tracking import resolve_tracking_uri
 
         n = sweep_size(OmegaConf.select(config, "hydra"))
         if n is not None:

@@ -8,13 +8,13 @@ import time
 import numpy as np
 
 from xengine import progress
-from xengine.formulation import build, default_free_rows
 from xengine.problem import Instance
 from xengine.result import StrategyResult, check_with_simulator
 from xengine.schedule import Schedule
 from xengine.simulate import ScheduleError, simulate
 from xengine.solvers import QUADRATIC_CAPABLE, SolverOptions, SolverUnavailable, solve
 from xengine.solvers.model import relative_gap
+from xengine.strategies.formulation import build, default_free_rows
 
 log = logging.getLogger(__name__)
 
@@ -72,17 +72,17 @@ def solve_xengine(
     Checkmate schedule embedded with :meth:`Schedule.on_devices`); exact mode passes it to the
     solver as a MIP start. The returned schedule is replayed by the simulator; the model's own
     objective and peak are kept beside the simulator's figures. ``build_options`` go to
-    :func:`xengine.formulation.build` (``reference``, ``free_rows``); mode ``exact`` gets
-    the FREE rows of :func:`~xengine.formulation.default_free_rows` for ``solver`` unless
+    :func:`xengine.strategies.formulation.build` (``reference``, ``free_rows``); mode ``exact`` gets
+    the FREE rows of :func:`~xengine.strategies.formulation.default_free_rows` for ``solver`` unless
     they say otherwise (the reference keeps its published rows).
 
     ``placement`` (one device index per node, or -1 for a node left free) restricts the model:
     node ``i`` is computed and kept on ``placement[i]`` only (copies to other devices stay free
     to choose). The optimum of
     that smaller model is a feasible multi-device schedule, which is how
-    :mod:`xengine.distribute` turns a placement into a start for the full model.
+    :mod:`xengine.strategies.distribute` turns a placement into a start for the full model.
 
-    ``mode="intervals"`` solves the retention-interval model of :mod:`xengine.intervals`
+    ``mode="intervals"`` solves the retention-interval model of :mod:`xengine.strategies.intervals`
     instead (``solver`` must be ``cpsat``; ``build_options`` may give ``max_computes`` and
     ``lp_bound=False``, which skips the LP relaxation where it is known not to solve in time,
     or ``lp_bound="alongside"``, which computes it in another process during the search).
@@ -171,10 +171,10 @@ def _start_meets_bound(
     inst: Instance, start: Schedule, solver: str, options: SolverOptions, strategy: str
 ) -> StrategyResult | None:
     """The start, proven optimal without a solve, when its simulated time meets the placement
-    bound (:func:`xengine.bounds.placement_bound_s`, a fraction of a second) within the
+    bound (:func:`xengine.strategies.bounds.placement_bound_s`, a fraction of a second) within the
     relative gap: with memory to spare the keep-everything schedule on the fastest device
     often does. ``None`` otherwise (or when the start does not fit)."""
-    from xengine.bounds import placement_bound_s
+    from xengine.strategies.bounds import placement_bound_s
 
     t0 = time.perf_counter()
     try:
@@ -210,9 +210,10 @@ def _tighten_with_placement_bound(
     res: StrategyResult, inst: Instance, options: SolverOptions
 ) -> None:
     """A MILP stopped at its limit: its bound may be weaker than the placement bound
-    (:func:`xengine.bounds.placement_bound_s`, valid for the whole problem, a fraction of a
+    (:func:`xengine.strategies.bounds.placement_bound_s`, valid for the whole problem, a fraction
+    of a
     second). Report the better one; an incumbent that meets it is proven optimal."""
-    from xengine.bounds import placement_bound_s
+    from xengine.strategies.bounds import placement_bound_s
 
     bound = placement_bound_s(inst, options)
     res.extra["placement_bound_s"] = bound
@@ -227,8 +228,8 @@ def _tighten_with_placement_bound(
 
 
 def _solve_intervals(inst, solver, options, warm_start, strategy, build_options, placement):
-    """``mode="intervals"``: the retention-interval model of :mod:`xengine.intervals`."""
-    from xengine.intervals import DEFAULT_MAX_COMPUTES, solve_intervals
+    """``mode="intervals"``: the retention-interval model of :mod:`xengine.strategies.intervals`."""
+    from xengine.strategies.intervals import DEFAULT_MAX_COMPUTES, solve_intervals
 
     if solver != "cpsat":
         raise SolverUnavailable(
