@@ -11,6 +11,7 @@ import numpy as np
 from xengine.problem import Instance
 from xengine.schedule import Schedule
 from xengine.simulate import ScheduleError, Simulation, simulate
+from xengine.solvers.model import SOLUTION_STATUSES
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,14 @@ class StrategyResult:
     @property
     def has_schedule(self) -> bool:
         return self.schedule is not None and self.sim is not None
+
+    @property
+    def fits(self) -> bool:
+        """The one definition of "the schedule fits" (the paper's protocol, section 6): a
+        schedule with a solution status that the simulator finds within every budget."""
+        return (
+            self.has_schedule and self.sim.within_budget and self.status in SOLUTION_STATUSES
+        )
 
     @property
     def predicted_time_s(self) -> float | None:

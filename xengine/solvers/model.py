@@ -15,6 +15,8 @@ import numpy as np
 import scipy.sparse as sp
 
 STATUSES = ("optimal", "feasible", "infeasible", "no_solution", "error")
+SOLUTION_STATUSES = ("optimal", "feasible")
+"""The statuses that come with a solution (a schedule); every other one has none."""
 
 
 class SolverUnavailable(RuntimeError):
