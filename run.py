@@ -51,18 +51,12 @@ from xengine.commandline import (
     prepare_argv,
     run_config_from,
 )
+from xengine.config import ConfigError, RunConfig
 from xengine.graph.types import GraphError
-from xengine.pipeline import (
-    ConfigError,
-    NullTracker,
-    Prepared,
-    RunConfig,
-    Tracker,
-    prepare,
-    protocol_summary,
-    run_pipeline,
-    run_status,
-)
+from xengine.pipeline import run_pipeline, run_status
+from xengine.prepare import Prepared, prepare
+from xengine.protocol import summarize
+from xengine.records.record import NullTracker, Tracker
 from xengine.solvers import SolverUnavailable
 from xengine.units import MemorySpecError, format_bytes
 
@@ -307,7 +301,7 @@ def main(cfg: DictConfig) -> None:
         return
     footer = []
     if len(run_cfg.devices) > 1:
-        footer = summary_lines(protocol_summary(rows), run_cfg.devices)
+        footer = summary_lines(summarize(rows), run_cfg.devices)
     print(format_table(rows, title=_title(run_cfg, prepared), footer=footer))
 
 

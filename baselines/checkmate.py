@@ -17,7 +17,6 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-from baselines.common import device_name, schedule_from_checkpoints, solve_r_opt
 from baselines.heuristics import (
     best_fitting,
     evaluate,
@@ -26,7 +25,7 @@ from baselines.heuristics import (
     run_heuristics,
 )
 from xengine import progress as status
-from xengine.graph.types import Graph
+from xengine.checkpoints import budget_range_message, schedule_from_checkpoints, solve_r_opt
 from xengine.problem import Instance
 from xengine.result import StrategyResult
 from xengine.simulate import ScheduleError, simulate
@@ -46,41 +45,6 @@ solver's tolerances never cut off the schedule that meets it."""
 def _consistent(model, res) -> bool:
     """The returned point has the objective the solver reports for it."""
     return bool(np.isclose(model.objective(res.x), res.objective, rtol=1e-7, atol=1e-9))
-
-
-def min_feasible_budget_bytes(graph: Graph) -> tuple[int, int]:
-    """``(lower_bound, known_feasible)`` for the smallest activation budget of ``graph``.
-
-    The lower bound is the largest (inputs + output + workspace) of any node, which must be
-    on the device at once. The known feasible budget is the peak of the most memory-frugal
-    schedule at hand: no forward checkpoints, each backward stage recomputing its forward
-    inputs (the gradients are kept), or keep-everything if that is smaller. When the two
-    numbers are equal, that is the smallest feasible budget.
-    """
-    inst = Instance.single(graph, device_name(graph, 0), budget_bytes=None)
-    lower = int(graph.node_lower_bound_bytes(inst.devices[0]).max())
-    peaks = [
-        int(
-            simulate(inst, schedule_from_checkpoints(graph, keep, inst.devices[0])).peak_bytes.max()
-        )
-        for keep in ((), graph.forward_indices)
-    ]
-    return lower, max(lower, min(peaks))
-
-
-def budget_range_message(graph: Graph, infeasible_at: int | None = None) -> str:
-    """Names the smallest feasible budget, or the range it lies in. ``infeasible_at``: a
-    budget proven infeasible (the smallest feasible one is then above it)."""
-    lower, known = min_feasible_budget_bytes(graph)
-    if infeasible_at is not None:
-        lower = max(lower, int(infeasible_at) + 1)
-    if lower >= known:
-        return f"the smallest feasible budget is {known} bytes"
-    why = "inputs + output of the largest op" if infeasible_at is None else "proven so"
-    return (
-        f"the smallest feasible budget is between {lower} bytes ({why}) and {known} bytes "
-        "(a recompute-heavy schedule fits)"
-    )
 
 
 FRONTIER_SHARE = 0.5

@@ -2,7 +2,7 @@
 three) and a cost-aware greedy of our own, ``recompute_greedy``.
 
 Each picks a set of forward checkpoints, turns it into a schedule with
-:func:`baselines.common.schedule_from_checkpoints` and lets the simulator judge it. A
+:func:`xengine.checkpoints.schedule_from_checkpoints` and lets the simulator judge it. A
 heuristic's result is ``feasible`` when its schedule fits the budget and ``infeasible`` (with
 the schedule still attached) when it does not.
 
@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from baselines.common import (
+from xengine.checkpoints import (
     articulation_points,
     is_forward_chain,
     schedule_from_checkpoints,
@@ -208,7 +208,7 @@ def retention_matrix(graph: Graph, drop: np.ndarray) -> np.ndarray:
     A kept value is resident from the stage after its computation to its last reader. A
     dropped forward value is resident only up to its last reader that is not a backward op
     (the forward pass), and again from its first backward reader's stage, where
-    :func:`baselines.common.solve_r_opt` recomputes it (with whatever of its inputs is not
+    :func:`xengine.checkpoints.solve_r_opt` recomputes it (with whatever of its inputs is not
     resident then), to its last backward reader. Backward readers of one activation are
     usually neighbours, so one recomputation serves them all.
     """

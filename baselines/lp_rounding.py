@@ -17,14 +17,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from baselines.checkmate import budget_range_message
-from baselines.common import solve_r_opt
 from baselines.heuristics import (
     evaluate,
     keep_all_if_it_fits,
     over_budget_message,
     require_one_device,
 )
+from xengine.checkpoints import budget_range_message, solve_r_opt
 from xengine.problem import Instance
 from xengine.result import StrategyResult
 from xengine.simulate import simulate

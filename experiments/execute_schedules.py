@@ -4,7 +4,7 @@ A schedule solved on one machine (``run.py ... execute=false`` with a profile me
 another, say) is run here on its devices. Every round runs each schedule once and a plain step
 on each kind of device once, in turn, so a shared machine's noise hits all alike. The first
 round also measures memory and checks the loss and gradients against the plain steps (as
-``run.py`` does: :func:`xengine.pipeline.check_grads`). Writes ``<tag>.csv`` (every step),
+``run.py`` does: :func:`xengine.execute.grads.check_grads`). Writes ``<tag>.csv`` (every step),
 ``<tag>_summary.csv`` (medians, predictions, peaks, gradient check) and ``<tag>.png`` under
 ``--out``.
 
@@ -34,8 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from xengine.execute.executor import execute, reference_step  # noqa: E402
+from xengine.execute.grads import check_grads, reference_devices  # noqa: E402
 from xengine.graph.capture import capture_net  # noqa: E402
-from xengine.pipeline import StartState, check_grads, reference_devices  # noqa: E402
+from xengine.prepare import StartState  # noqa: E402
 from xengine.problem import UNLIMITED_BYTES, Instance  # noqa: E402
 from xengine.profile.profiler import Profile, apply_profile  # noqa: E402
 from xengine.schedule import Schedule  # noqa: E402

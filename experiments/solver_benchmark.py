@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from baselines.checkmate import min_feasible_budget_bytes  # noqa: E402
+from xengine.checkpoints import min_feasible_budget_bytes  # noqa: E402
 from baselines.heuristics import best_fitting, run_heuristics  # noqa: E402
 from baselines.lp_rounding import solve_lp_rounding  # noqa: E402
 from xengine.graph.synthetic import training_graph  # noqa: E402

@@ -8,13 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from baselines.checkmate import min_feasible_budget_bytes, solve_checkmate
-from baselines.common import (
-    articulation_points,
-    checkpoint_matrix,
-    schedule_from_checkpoints,
-    solve_r_opt,
-)
+from baselines.checkmate import solve_checkmate
 from baselines.heuristics import (
     HEURISTICS,
     solve_checkpoint_all,
@@ -24,6 +18,13 @@ from baselines.heuristics import (
     sqrtn_checkpoints,
 )
 from baselines.lp_rounding import solve_lp_rounding
+from xengine.checkpoints import (
+    articulation_points,
+    checkpoint_matrix,
+    min_feasible_budget_bytes,
+    schedule_from_checkpoints,
+    solve_r_opt,
+)
 from xengine.graph.synthetic import chain, linear_graph, training_graph
 from xengine.problem import Instance
 from xengine.schedule import Schedule, keep_all_schedule

@@ -17,28 +17,23 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from baselines.checkmate import min_feasible_budget_bytes
 from tests.helpers import run_cli
+from xengine.checkpoints import min_feasible_budget_bytes
+from xengine.config import BudgetError, ConfigError, RunConfig
 from xengine.execute.executor import available_devices
 from xengine.graph.io import graph_to_dict, save_graph
 from xengine.graph.synthetic import chain
 from xengine.graph.types import CopyModel
-from xengine.pipeline import (
-    STRATEGIES,
-    BudgetError,
-    ConfigError,
-    RunConfig,
-    StrategySpec,
-    prepare,
-    protocol_summary,
-    run_pipeline,
-)
+from xengine.pipeline import run_pipeline
+from xengine.prepare import prepare
 from xengine.problem import Instance
+from xengine.protocol import summarize as protocol_summary
 from xengine.records.tracking import flatten_config, resolve_tracking_uri
 from xengine.result import StrategyResult
 from xengine.schedule import Schedule
 from xengine.simulate import simulate
 from xengine.solvers import SolverOptions, SolverUnavailable
+from xengine.strategies.registry import STRATEGIES, StrategySpec
 from xengine.units import MemorySpecError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -366,7 +361,7 @@ def _fake(status, with_schedule=False, raises=None):
 
 @pytest.fixture
 def fake_strategies(monkeypatch):
-    import xengine.pipeline as pipeline
+    import xengine.strategies.registry as registry
 
     fakes = {
         "nothing": _fake("no_solution"),
@@ -375,9 +370,9 @@ def fake_strategies(monkeypatch):
     }
     for name in fakes:
         monkeypatch.setitem(STRATEGIES, name, StrategySpec(f"fake:{name}", True, True))
-    real_load = pipeline._load
+    real_load = registry._load
     monkeypatch.setattr(
-        pipeline, "_load", lambda t: fakes[t[5:]] if t.startswith("fake:") else real_load(t)
+        registry, "_load", lambda t: fakes[t[5:]] if t.startswith("fake:") else real_load(t)
     )
 
 

@@ -345,7 +345,7 @@ def test_solve_coarse_reports_the_fine_schedule():
 def test_an_infeasible_coarse_model_is_no_verdict_on_the_fine_problem():
     """Between the fine and the coarse smallest budgets the coarse model has no schedule but
     the fine one has: the result must not call the instance infeasible."""
-    from baselines.checkmate import min_feasible_budget_bytes
+    from xengine.checkpoints import min_feasible_budget_bytes
 
     g = synthetic("chain", 8)
     c = coarsen(g, 3)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers import RESIDUAL, copy_models
-from xengine.compare import compare
 from xengine.graph.synthetic import training_graph
 from xengine.problem import Instance
+from xengine.protocol import compare
 from xengine.simulate import keep_all_peak_bytes
 from xengine.solvers import SolverOptions
 
@@ -55,7 +55,7 @@ def test_protocol_names_infeasible_single_devices():
     # per-device budget 4500: the total 9000 is below what one device alone needs (10000)
     inst = Instance(g, ("a", "b"), (4500, 4500))
     cmp = compare(inst, strategies=("xengine", "checkmate"), options=OPTS)
-    assert cmp.infeasible_single == ["a", "b"]
+    assert cmp.infeasible_single == ["checkmate.a", "checkmate.b"]  # row labels, as in run.py
     assert cmp.best_single is None
     assert cmp.xengine.status == "infeasible"  # 4500 is below the largest op's footprint
     inst = Instance(g, ("a", "b"), (9000, 9000))
@@ -65,8 +65,8 @@ def test_protocol_names_infeasible_single_devices():
 
 def test_warm_start_considers_the_cost_aware_heuristic_at_each_devices_own_budget():
     from baselines.heuristics import solve_recompute_greedy
-    from xengine.compare import warm_start
     from xengine.graph.synthetic import chain
+    from xengine.protocol import warm_start
 
     # device b is 10x faster and a fast device's budget below keep-everything: no schedule
     # with the total memory fits the per-device budget, recompute_greedy on b alone does

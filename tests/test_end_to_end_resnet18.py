@@ -10,9 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from baselines.checkmate import min_feasible_budget_bytes, solve_checkmate
+from baselines.checkmate import solve_checkmate
 from baselines.heuristics import solve_checkpoint_all, solve_chen_greedy, solve_chen_sqrtn
 from baselines.lp_rounding import solve_lp_rounding
+from xengine.checkpoints import min_feasible_budget_bytes
 from xengine.execute.executor import execute, reference_step
 from xengine.graph.capture import capture_net
 from xengine.problem import Instance

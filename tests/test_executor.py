@@ -212,7 +212,7 @@ def test_cpu_and_gpu_schedule_within_the_spread_of_plain_steps(exact_cuda):
     within the pipeline's spread check of the plain CPU and GPU steps (which differ: the GPU
     adds reductions up in another order), and both devices' peaks are measured."""
     from xengine.execute.executor import reference_step
-    from xengine.pipeline import grads_within_spread
+    from xengine.execute.grads import grads_within_spread
 
     cap = resnet18_small()
     devices = ("cpu", "cuda")

@@ -19,12 +19,15 @@ from mlflow import MlflowClient
 
 from tests.helpers import run_cli
 from xengine.commandline import rewrite_argv
+from xengine.config import ConfigError, RunConfig
 from xengine.execute.executor import (
     TOLERANCE_FRACTION,
     TOLERANCE_MIN_BYTES,
     available_devices,
 )
-from xengine.pipeline import ConfigError, RunConfig, prepare, protocol_summary, run_pipeline
+from xengine.pipeline import run_pipeline
+from xengine.prepare import prepare
+from xengine.protocol import summarize as protocol_summary
 from xengine.schedule import Schedule
 from xengine.solvers import SolverOptions
 
@@ -138,7 +141,7 @@ def test_grads_compare_per_tensor_only_across_different_arithmetic():
     tensor's scale does."""
     from types import SimpleNamespace
 
-    from xengine.pipeline import _same_numerics, grads_match, grads_max_rel_diff
+    from xengine.execute.grads import _same_numerics, grads_match, grads_max_rel_diff
 
     ref = SimpleNamespace(loss=2.0, param_grads={"w": torch.tensor([0.5, 1e-3])})
     jitter = SimpleNamespace(loss=2.0, param_grads={"w": torch.tensor([0.5, 1e-3 + 5e-6])})
@@ -154,7 +157,7 @@ def test_grads_across_cpu_and_gpu_are_checked_against_the_spread_of_plain_steps(
     further from the nearer plain step than twice the plain steps' own difference."""
     from types import SimpleNamespace
 
-    from xengine.pipeline import SPREAD_FACTOR, grads_within_spread
+    from xengine.execute.grads import SPREAD_FACTOR, grads_within_spread
 
     def step(loss, *w):
         return SimpleNamespace(loss=loss, param_grads={"w": torch.tensor(w)})
@@ -175,7 +178,7 @@ def test_grads_across_cpu_and_gpu_are_checked_against_the_spread_of_plain_steps(
 
 def test_one_plain_reference_step_per_kind_of_device(monkeypatch):
     """cpu2+cpu1 share one plain step (checked per tensor); a GPU gets its own."""
-    from xengine.pipeline import reference_devices
+    from xengine.execute.grads import reference_devices
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
@@ -190,7 +193,7 @@ def test_check_grads_picks_the_plain_step_of_each_kind_of_device(monkeypatch):
     against the GPU's (per tensor, 1e-3), a CPU+GPU row against the spread of both."""
     from types import SimpleNamespace
 
-    from xengine.pipeline import check_grads
+    from xengine.execute.grads import check_grads
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)

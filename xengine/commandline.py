@@ -3,7 +3,7 @@ the configuration Hydra composed from it, read into the library's plain :class:`
 
 Hydra answers a bad override with several lines of its own, sometimes quoting text the user
 never typed (after :func:`rewrite_argv`), and exits 1. Here every override is checked first and
-a mistake becomes one :class:`~xengine.pipeline.ConfigError` line naming the key as typed:
+a mistake becomes one :class:`~xengine.config.ConfigError` line naming the key as typed:
 
 * text Hydra cannot take or should not (a newline or other control character, a YAML tag such
   as ``!!python/object``);
@@ -36,7 +36,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from xengine.pipeline import ConfigError, RunConfig
+from xengine.config import ConfigError, RunConfig
 from xengine.units import MemorySpecError
 
 _HYDRA_FUNCTION = re.compile(r"^\w+\(")  # choice(...), range(...), glob(...), ...

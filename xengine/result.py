@@ -55,9 +55,7 @@ class StrategyResult:
     def fits(self) -> bool:
         """The one definition of "the schedule fits" (the paper's protocol, section 6): a
         schedule with a solution status that the simulator finds within every budget."""
-        return (
-            self.has_schedule and self.sim.within_budget and self.status in SOLUTION_STATUSES
-        )
+        return self.has_schedule and self.sim.within_budget and self.status in SOLUTION_STATUSES
 
     @property
     def predicted_time_s(self) -> float | None:
@@ -108,3 +106,92 @@ def check_with_simulator(
         "-" if res.gap is None else f"{100 * res.gap:.3f}%",
         elapsed_s,
     )
+
+
+MIB = 2**20
+
+
+@dataclass
+class RunRow:
+    """One line of the comparison table (and of ``table.csv``).
+
+    ``alone``: a single-device strategy in a run over several devices, on one device with the
+    total memory of all of them (the paper's baseline)."""
+
+    label: str
+    strategy: str
+    devices: tuple[str, ...]
+    status: str
+    budget_bytes: tuple[int, ...] | None = None
+    predicted_time_s: float | None = None
+    predicted_peak_bytes: tuple[int, ...] | None = None
+    measured_time_s: float | None = None
+    measured_peak_bytes: tuple[int, ...] | None = None
+    fixed_bytes: int | None = None
+    solve_time_s: float | None = None
+    build_time_s: float | None = None
+    gap: float | None = None
+    n_recomputes: int | None = None
+    grads_match: bool | None = None
+    grads_max_rel_diff: float | None = None
+    note: str = ""
+    alone: bool = False
+    result: StrategyResult | None = field(default=None, repr=False)
+    execution: Any = field(default=None, repr=False)
+
+    def metrics(self) -> dict[str, float]:
+        """MLflow metrics under ``<label>/``, units in the names."""
+        out: dict[str, float | None] = {
+            "predicted_time_ms": _ms(self.predicted_time_s),
+            "measured_time_ms": _ms(self.measured_time_s),
+            "predicted_peak_mib": _mib_max(self.predicted_peak_bytes),
+            "measured_peak_mib": _mib_max(self.measured_peak_bytes),
+            "budget_mib": _mib_max(self.budget_bytes),
+            "fixed_mib": None if self.fixed_bytes is None else self.fixed_bytes / MIB,
+            "solve_time_s": self.solve_time_s,
+            "build_time_s": self.build_time_s,
+            "gap": self.gap,
+            "n_recomputes": self.n_recomputes,
+            "grads_match": None if self.grads_match is None else float(self.grads_match),
+            "grads_max_rel_diff": self.grads_max_rel_diff,
+        }
+        if len(self.devices) > 1:
+            for name, vals in (
+                ("predicted_peak_mib", self.predicted_peak_bytes),
+                ("measured_peak_mib", self.measured_peak_bytes),
+                ("budget_mib", self.budget_bytes),
+            ):
+                for dev, v in zip(self.devices, vals or (), strict=False):
+                    out[f"{name}.{dev}"] = v / MIB
+        return {f"{self.label}/{k}": float(v) for k, v in out.items() if v is not None}
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3
+
+
+def _mib_max(values: tuple[int, ...] | None) -> float | None:
+    return None if not values else max(values) / MIB
+
+
+def row_of(label: str, res: StrategyResult) -> RunRow:
+    sim = res.sim
+    row = RunRow(
+        label=label,
+        strategy=res.strategy,
+        devices=tuple(res.devices),
+        status=res.status,
+        budget_bytes=tuple(int(b) for b in res.budget_bytes),
+        solve_time_s=res.solve_time_s,
+        build_time_s=res.build_time_s or None,
+        gap=res.gap,
+        note="" if res.message.strip().lower() in ("optimal", res.status) else res.message,
+        result=res,
+    )
+    if sim is not None:
+        row.predicted_time_s = float(sim.time_s)
+        row.predicted_peak_bytes = tuple(int(p) for p in sim.peak_bytes)
+        row.n_recomputes = int(sim.n_recomputes)
+        if sim.violations and not row.note:
+            row.note = f"over budget in the simulator: {sim.violations[0]}"
+    return row

@@ -13,7 +13,8 @@ import csv
 import io
 from collections.abc import Callable, Sequence
 
-from xengine.pipeline import MIB, ProtocolSummary, RunRow
+from xengine.protocol import Summary
+from xengine.result import MIB, RunRow
 from xengine.units import format_bytes
 
 Cell = Callable[[RunRow], str]
@@ -81,7 +82,7 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:+.1f} %"
 
 
-def summary_lines(summary: ProtocolSummary, devices: Sequence[str]) -> list[str]:
+def summary_lines(summary: Summary, devices: Sequence[str]) -> list[str]:
     """The lines under the table of a run over several devices."""
     tb = summary.total_budget_bytes
     total = "" if tb is None else f" ({format_bytes(tb)})"

@@ -38,6 +38,8 @@ import numpy as np
 
 from xengine.interrupt import run_stoppable
 from xengine.solvers.model import (
+    SOLUTION_STATUSES,
+    Backend,
     MilpModel,
     ProgressFn,
     SolveResult,
@@ -50,19 +52,32 @@ log = logging.getLogger(__name__)
 
 RTOL = 1e-9  # relative tolerance for "is an integer multiple"
 MAX_RATIO = 2.0**40  # largest integer coefficient (max / gcd) accepted in a row
-_STATUS = {
-    "OPTIMAL": "optimal",
-    "FEASIBLE": "feasible",
-    "INFEASIBLE": "infeasible",
-    "UNKNOWN": "no_solution",
-    "MODEL_INVALID": "error",
-}
+BACKEND = Backend(
+    name="cpsat",
+    target=f"{__name__}:solve_cpsat",
+    packages=("ortools",),
+    takes_lp=False,
+    takes_milp=True,
+    takes_quadratic=False,
+    integer_only=True,
+    statuses={
+        "OPTIMAL": "optimal",
+        "FEASIBLE": "feasible",
+        "INFEASIBLE": "infeasible",
+        "UNKNOWN": "no_solution",
+        "MODEL_INVALID": "error",
+    },
+)
+"""solver=cpsat: MILPs whose continuous columns are integers in disguise (module docstring);
+no LP relaxations, no products. Its status map is also the interval model's
+(:mod:`xengine.strategies.intervals`)."""
+BACKENDS = (BACKEND,)
 
 
 def map_status(name: str) -> str:
     """CP-SAT status name -> one of STATUSES (CP-SAT reports OPTIMAL once the gap limit is
     reached, like the others; FEASIBLE means a limit stopped it with an incumbent)."""
-    return _STATUS.get(name, "error")
+    return BACKEND.status(name)
 
 
 def fgcd(values: np.ndarray, rtol: float = RTOL) -> float | None:
@@ -114,20 +129,18 @@ def _floor(v: float) -> float:
     return float(math.floor(v + RTOL * max(1.0, abs(v))))
 
 
-def integerise(model: MilpModel) -> Integerised:
-    """Find ``sigma`` per column (1 for integer columns) such that the model with
-    ``y = sigma * x`` integer has the same optimum. Raises :class:`SolverUnavailable`."""
+def _start(model: MilpModel) -> Integerised:
+    """The columns resolved before any rule: integer columns (rule 0, integer bounds, which
+    must be finite) and fixed continuous ones (rule 3, ``y = sign`` of the fixed value)."""
     n = model.n_vars
-    A = model.A.tocsr().copy()
-    A.sum_duplicates()
-    A.eliminate_zeros()
-    C = A.tocsc()
     lb, ub = model.lb.astype(float), model.ub.astype(float)
-    sigma = np.ones(n)
-    rule = np.full(n, -1, dtype=np.int64)
-    ylb = np.full(n, -np.inf)
-    yub = np.full(n, np.inf)
-
+    integ = Integerised(
+        sigma=np.ones(n),
+        ylb=np.full(n, -np.inf),
+        yub=np.full(n, np.inf),
+        rule=np.full(n, -1, dtype=np.int64),
+    )
+    sigma, ylb, yub, rule = integ.sigma, integ.ylb, integ.yub, integ.rule
     ints = np.flatnonzero(model.integrality)
     rule[ints] = 0
     for j in ints.tolist():
@@ -138,14 +151,19 @@ def integerise(model: MilpModel) -> Integerised:
             f"solver=cpsat needs finite bounds on integer columns; {bad_int.size} have none "
             f"(e.g. column {int(bad_int[0])}); use solver=highs (default)"
         )
-    cont = np.flatnonzero(~model.integrality)
-    for j in cont.tolist():
+    for j in np.flatnonzero(~model.integrality).tolist():
         if lb[j] == ub[j]:
             rule[j] = 3
             sigma[j] = 1.0 / abs(lb[j]) if lb[j] != 0 else 1.0
             ylb[j] = yub[j] = float(np.sign(lb[j]))
+    return integ
 
-    # rule 1: equality propagation, queue of rows with one unresolved continuous column
+
+def _defined_by_equalities(model: MilpModel, A, C, integ: Integerised) -> None:
+    """Rule 1 (module docstring), in place: a queue of equality rows with one unresolved
+    continuous column; resolving a column may leave another row with one."""
+    lb, ub = model.lb.astype(float), model.ub.astype(float)
+    sigma, ylb, yub, rule = integ.sigma, integ.ylb, integ.yub, integ.rule
     eq = np.isfinite(model.row_lb) & (model.row_lb == model.row_ub)
     unresolved = rule < 0
     cnt = np.zeros(model.n_rows, dtype=np.int64)
@@ -188,7 +206,14 @@ def integerise(model: MilpModel) -> Integerised:
             if eq[rr] and cnt[rr] == 1:
                 queue.append(rr)
 
-    # rule 2: implied integers (checked against integer / rule-1 / fixed columns only)
+
+def _implied_integers(model: MilpModel, A, C, integ: Integerised) -> None:
+    """Rule 2 (module docstring), in place, checked against the columns resolved so far
+    (integer, rule 1, fixed) only."""
+    lb, ub = model.lb.astype(float), model.ub.astype(float)
+    sigma, ylb, yub, rule = integ.sigma, integ.ylb, integ.yub, integ.rule
+    indptr, indices, data = A.indptr, A.indices, A.data
+    cptr, crow = C.indptr, C.indices
     base = rule >= 0
     for j in np.flatnonzero(rule < 0).tolist():
         lo_j, hi_j = _ceil(lb[j]), _floor(ub[j])
@@ -229,15 +254,27 @@ def integerise(model: MilpModel) -> Integerised:
         rule[j], sigma[j] = 2, 1.0
         ylb[j], yub[j] = lo_j, hi_j
 
-    left = np.flatnonzero(rule < 0)
+
+def integerise(model: MilpModel) -> Integerised:
+    """Find ``sigma`` per column (1 for integer columns) such that the model with
+    ``y = sigma * x`` integer has the same optimum. Raises :class:`SolverUnavailable`."""
+    A = model.A.tocsr().copy()
+    A.sum_duplicates()
+    A.eliminate_zeros()
+    C = A.tocsc()
+    integ = _start(model)
+    _defined_by_equalities(model, A, C, integ)
+    _implied_integers(model, A, C, integ)
+    left = np.flatnonzero(integ.rule < 0)
     if left.size:
+        n_cont = int((~model.integrality).sum())
         raise SolverUnavailable(
             f"solver=cpsat takes integer variables only: {left.size} of the model's "
-            f"{cont.size} continuous columns (e.g. column {int(left[0])}) are neither defined "
+            f"{n_cont} continuous columns (e.g. column {int(left[0])}) are neither defined "
             "by an equality over integer columns nor implied integer, so CP-SAT could only "
             "solve a discretised model; use solver=highs (default), scip or gurobi"
         )
-    return Integerised(sigma=sigma, ylb=ylb, yub=yub, rule=rule)
+    return integ
 
 
 def scaled_rows(model: MilpModel, sigma: np.ndarray):
@@ -326,6 +363,88 @@ def run_cpsat(
     return solver, code, time.perf_counter() - t0, (first[0] if first else None)
 
 
+def _no_integer_point(integ: Integerised, empty_bad: int | None) -> SolveResult | None:
+    """``infeasible`` without a search when a column's integer range or a scaled row without
+    columns is empty (CP-SAT would reject such a model as invalid)."""
+    why = None
+    if np.any(integ.ylb > integ.yub):
+        why = f"column {int(np.flatnonzero(integ.ylb > integ.yub)[0])} has no integer value"
+    elif empty_bad is not None:
+        why = f"row {empty_bad} has no integer solution"
+    if why is None:
+        return None
+    return SolveResult(
+        solver="cpsat",
+        status="infeasible",
+        x=None,
+        objective=None,
+        best_bound=None,
+        gap=None,
+        solve_time_s=0.0,
+        message=why,
+    )
+
+
+def _build(cp_model, model: MilpModel, integ: Integerised, rows, warm_start):
+    """The CP-SAT model over ``y = sigma * x``: integer columns, the scaled rows, the
+    floating-point objective and the warm start as a full hint. Returns (model, columns)."""
+    n = model.n_vars
+    m = cp_model.CpModel()
+    ys = [m.new_int_var(int(integ.ylb[j]), int(integ.yub[j]), f"y{j}") for j in range(n)]
+    for cols, coefs, lo, hi in rows:
+        expr = cp_model.LinearExpr.weighted_sum([ys[c] for c in cols.tolist()], coefs)
+        if np.isfinite(lo) and np.isfinite(hi):
+            m.add_linear_constraint(expr, int(lo), int(hi))
+        elif np.isfinite(hi):
+            m.add(expr <= int(hi))
+        else:
+            m.add(expr >= int(lo))
+    cobj = model.c / integ.sigma
+    nz = np.flatnonzero(cobj)
+    m.minimize(
+        cp_model.LinearExpr.weighted_sum([ys[j] for j in nz.tolist()], cobj[nz].tolist())
+        + float(model.offset)
+    )
+    if warm_start is not None:
+        w = np.round(np.asarray(warm_start, dtype=float) * integ.sigma)
+        w = np.clip(w, integ.ylb, integ.yub)
+        for j in range(n):
+            m.add_hint(ys[j], int(w[j]))
+    return m, ys
+
+
+def _result(solver, code, elapsed, first_s, model: MilpModel, integ, ys, worst) -> SolveResult:
+    """The search's outcome in ``x = y / sigma``, with the objective of the unscaled model and
+    any rounding or violation of the original model in the message."""
+    name = solver.status_name(code)
+    status = map_status(name)
+    xv = None
+    if status in SOLUTION_STATUSES:
+        y = np.array([solver.value(v) for v in ys], dtype=float)
+        xv = y / integ.sigma
+    obj = model.objective(xv) if xv is not None else None
+    bound = float(solver.best_objective_bound) if status in SOLUTION_STATUSES else None
+    msg = name
+    if worst > 1e-12:
+        msg += f"; max relative coefficient rounding {worst:.1e}"
+    if xv is not None:
+        viol = model.max_violation(xv)
+        if viol > 1e-6:
+            msg += f"; max violation of the original model {viol:.1e}"
+    return SolveResult(
+        solver="cpsat",
+        status=status,
+        x=xv,
+        objective=obj,
+        best_bound=bound,
+        gap=relative_gap(obj, bound),
+        solve_time_s=elapsed,
+        message=msg,
+        time_to_first_s=first_s if first_s is not None else (elapsed if xv is not None else None),
+        n_nodes=int(solver.num_branches),
+    )
+
+
 def solve_cpsat(
     model: MilpModel,
     options: SolverOptions,
@@ -354,44 +473,10 @@ def solve_cpsat(
     t_build = time.perf_counter()
     integ = integerise(model)
     rows, worst, empty_bad = scaled_rows(model, integ.sigma)
-    n = model.n_vars
-    why = None
-    if np.any(integ.ylb > integ.yub):
-        why = f"column {int(np.flatnonzero(integ.ylb > integ.yub)[0])} has no integer value"
-    elif empty_bad is not None:
-        why = f"row {empty_bad} has no integer solution"
-    if why is not None:
-        return SolveResult(
-            solver="cpsat",
-            status="infeasible",
-            x=None,
-            objective=None,
-            best_bound=None,
-            gap=None,
-            solve_time_s=0.0,
-            message=why,
-        )
-    m = cp_model.CpModel()
-    ys = [m.new_int_var(int(integ.ylb[j]), int(integ.yub[j]), f"y{j}") for j in range(n)]
-    for cols, coefs, lo, hi in rows:
-        expr = cp_model.LinearExpr.weighted_sum([ys[c] for c in cols.tolist()], coefs)
-        if np.isfinite(lo) and np.isfinite(hi):
-            m.add_linear_constraint(expr, int(lo), int(hi))
-        elif np.isfinite(hi):
-            m.add(expr <= int(hi))
-        else:
-            m.add(expr >= int(lo))
-    cobj = model.c / integ.sigma
-    nz = np.flatnonzero(cobj)
-    m.minimize(
-        cp_model.LinearExpr.weighted_sum([ys[j] for j in nz.tolist()], cobj[nz].tolist())
-        + float(model.offset)
-    )
-    if warm_start is not None:
-        w = np.round(np.asarray(warm_start, dtype=float) * integ.sigma)
-        w = np.clip(w, integ.ylb, integ.yub)
-        for j in range(n):
-            m.add_hint(ys[j], int(w[j]))
+    infeasible = _no_integer_point(integ, empty_bad)
+    if infeasible is not None:
+        return infeasible
+    m, ys = _build(cp_model, model, integ, rows, warm_start)
     invalid = m.validate()
     if invalid:
         raise SolverUnavailable(f"solver=cpsat cannot represent {model.name!r}: {invalid}")
@@ -399,39 +484,12 @@ def solve_cpsat(
     log.info(
         "cpsat: %d vars (%d resolved by equalities, %d implied integer), %d rows, max coefficient "
         "rounding %.1e, built in %.2f s",
-        n,
+        model.n_vars,
         int((integ.rule == 1).sum()),
         int((integ.rule == 2).sum()),
         len(rows),
         worst,
         time.perf_counter() - t_build,
     )
-
     solver, code, elapsed, first_s = run_cpsat(cp_model, m, options, progress)
-    name = solver.status_name(code)
-    status = map_status(name)
-    xv = None
-    if status in ("optimal", "feasible"):
-        y = np.array([solver.value(v) for v in ys], dtype=float)
-        xv = y / integ.sigma
-    obj = model.objective(xv) if xv is not None else None
-    bound = float(solver.best_objective_bound) if status in ("optimal", "feasible") else None
-    msg = name
-    if worst > 1e-12:
-        msg += f"; max relative coefficient rounding {worst:.1e}"
-    if xv is not None:
-        viol = model.max_violation(xv)
-        if viol > 1e-6:
-            msg += f"; max violation of the original model {viol:.1e}"
-    return SolveResult(
-        solver="cpsat",
-        status=status,
-        x=xv,
-        objective=obj,
-        best_bound=bound,
-        gap=relative_gap(obj, bound),
-        solve_time_s=elapsed,
-        message=msg,
-        time_to_first_s=first_s if first_s is not None else (elapsed if xv is not None else None),
-        n_nodes=int(solver.num_branches),
-    )
+    return _result(solver, code, elapsed, first_s, model, integ, ys, worst)

@@ -25,6 +25,8 @@ import numpy as np
 
 from xengine.interrupt import run_stoppable
 from xengine.solvers.model import (
+    SOLUTION_STATUSES,
+    Backend,
     MilpModel,
     ProgressFn,
     SolveResult,
@@ -45,17 +47,45 @@ _INSTALL = {
 }
 
 
+_STATUSES = {
+    "optimal": "optimal",
+    "infeasible": "infeasible",
+    "infeasible_inaccurate": "infeasible",
+    "user_limit": "feasible",
+    "optimal_inaccurate": "feasible",
+}
+"""cvxpy's ``Problem.status`` -> STATUSES (the inner solver's own status is read where cvxpy
+passes it on, see :func:`_inner`)."""
+
+
+def _declare(name: str, function: str, inner_package: str) -> Backend:
+    """One registered name: cvxpy plus the package of its inner solver; LP and MILP, no
+    products (a product of variables is not DCP)."""
+    return Backend(
+        name=name,
+        target=f"{__name__}:{function}",
+        packages=("cvxpy", inner_package),
+        takes_lp=True,
+        takes_milp=True,
+        takes_quadratic=False,
+        statuses=_STATUSES,
+    )
+
+
+BACKENDS = (
+    _declare("cvxpy", "solve_cvxpy", "highspy"),  # inner solver HIGHS
+    _declare("cvxpy-scip", "solve_cvxpy_scip", "pyscipopt"),
+    _declare("cvxpy-gurobi", "solve_cvxpy_gurobi", "gurobipy"),
+)
+
+
 def map_status(cvxpy_status: str, has_solution: bool) -> str:
     """cvxpy ``Problem.status`` -> one of STATUSES, used when the inner solver's own status is
     not available. ``user_limit`` / ``optimal_inaccurate`` keep the incumbent as feasible."""
-    s = cvxpy_status
-    if s == "optimal":
-        return "optimal" if has_solution else "error"
-    if s in ("infeasible", "infeasible_inaccurate"):
-        return "infeasible"
-    if s in ("user_limit", "optimal_inaccurate"):
-        return "feasible" if has_solution else "no_solution"
-    return "error"
+    status = BACKENDS[0].status(cvxpy_status, has_solution)
+    if status == "optimal" and not has_solution:
+        return "error"
+    return status
 
 
 def _solver_options(name: str, options: SolverOptions, is_mip: bool) -> dict:
@@ -161,41 +191,31 @@ def _inner(name: str, stats, fallback: str, has_sol: bool, bounded: bool):  # no
     return map_status(fallback, has_sol), None, None
 
 
-def solve_cvxpy(
-    model: MilpModel,
-    options: SolverOptions,
-    warm_start: np.ndarray | None = None,
-    progress: ProgressFn | None = None,
-    cvxpy_solver: str = "HIGHS",
-) -> SolveResult:
-    """Solve through cvxpy with inner solver ``cvxpy_solver`` (see the module docstring)."""
-    label = "cvxpy" if cvxpy_solver.upper() == "HIGHS" else f"cvxpy-{cvxpy_solver.lower()}"
+def _import_cvxpy(label: str, name: str):  # noqa: ANN202 - the cvxpy module
+    """cvxpy, with inner solver ``name`` installed, else :class:`SolverUnavailable` naming
+    what to install."""
     try:
         import cvxpy as cp
     except ImportError as exc:
         raise SolverUnavailable(
             f"solver={label} needs the 'cvxpy' package: pip install cvxpy"
         ) from exc
-    name = cvxpy_solver.upper()
     if name not in cp.installed_solvers():
         hint = _INSTALL.get(name, f"install {name} for cvxpy")
         raise SolverUnavailable(
             f"solver={label}: cvxpy's inner solver {name} is not installed ({hint}); "
             f"installed: {', '.join(cp.installed_solvers())}"
         )
-    if model.is_quadratic:
-        raise SolverUnavailable(
-            f"solver={label} cannot take products of variables (not DCP); build the linearised "
-            "model (formulation mode=paper, linearize=True) or use solver=scip / gurobi"
-        )
+    return cp
 
-    t_build = time.perf_counter()
-    n = model.n_vars
-    is_mip = bool(model.n_integer) and not options.relax
+
+def _build(cp, model: MilpModel, options: SolverOptions, warm_start, is_mip: bool):
+    """One vector variable and at most three vectorised constraints (module docstring).
+    Returns (problem, variable, constraints)."""
     kw: dict = {}
     if is_mip:
         kw["integer"] = (np.flatnonzero(model.integrality),)
-    x = cp.Variable(n, bounds=[model.lb.astype(float), model.ub.astype(float)], **kw)
+    x = cp.Variable(model.n_vars, bounds=[model.lb.astype(float), model.ub.astype(float)], **kw)
     A = model.A.tocsr()
     lo, hi = model.row_lb, model.row_ub
     eq = np.isfinite(lo) & np.isfinite(hi) & (lo == hi)
@@ -211,11 +231,83 @@ def solve_cvxpy(
     prob = cp.Problem(cp.Minimize(model.c @ x + float(model.offset)), cons)
     if warm_start is not None and not options.relax:
         x.value = np.asarray(warm_start, dtype=float)
+    return prob, x, cons
+
+
+def _solver_error(
+    exc: Exception, label: str, name: str, model: MilpModel, options: SolverOptions, elapsed: float
+) -> SolveResult:
+    """cvxpy's ``SolverError`` as a result: Gurobi's size-limited licence is
+    :class:`SolverUnavailable` (as for solver=gurobi), a failure at the time limit is
+    ``no_solution`` (cvxpy turns "time limit, no incumbent" into a failure for some solvers,
+    SCIP), anything else an ``error``."""
+    if name == "GUROBI":
+        from xengine.solvers.gurobi import (
+            LICENCE_MAX_ROWS,
+            LICENCE_MAX_VARS,
+            LICENCE_MAX_VARS_QUADRATIC,
+            licence_message,
+        )
+
+        limit = LICENCE_MAX_VARS_QUADRATIC if model.is_quadratic else LICENCE_MAX_VARS
+        if model.n_vars > limit or model.n_rows > LICENCE_MAX_ROWS:
+            raise SolverUnavailable(
+                licence_message(model).replace("solver=gurobi", f"solver={label}")
+                + f" (cvxpy said: {exc})"
+            ) from exc
+    tl = options.time_limit_s
+    if tl is not None and elapsed >= 0.9 * tl:
+        return SolveResult(
+            solver=label,
+            status="no_solution",
+            x=None,
+            objective=None,
+            best_bound=None,
+            gap=None,
+            solve_time_s=elapsed,
+            message=f"cvxpy/{name} failed at the time limit ({tl:g} s): {exc}",
+        )
+    return SolveResult.failed(label, elapsed, f"cvxpy/{name}: {exc}")
+
+
+def _incumbent(x, model: MilpModel, is_mip: bool) -> np.ndarray | None:  # noqa: ANN001
+    """cvxpy's point if it is one of the model (of its relaxation for an LP) within
+    :data:`FEAS_TOL`; cvxpy may hand back values where the inner solver has none."""
+    if x.value is None:
+        return None
+    cand = np.asarray(x.value, dtype=float).reshape(-1)
+    if cand.shape == (model.n_vars,) and np.all(np.isfinite(cand)):
+        check = model if is_mip else _relaxed(model)
+        if check.max_violation(cand) <= FEAS_TOL * max(1.0, float(np.abs(cand).max(initial=0))):
+            return cand
+    return None
+
+
+def solve_cvxpy(
+    model: MilpModel,
+    options: SolverOptions,
+    warm_start: np.ndarray | None = None,
+    progress: ProgressFn | None = None,
+    cvxpy_solver: str = "HIGHS",
+) -> SolveResult:
+    """Solve through cvxpy with inner solver ``cvxpy_solver`` (see the module docstring)."""
+    label = "cvxpy" if cvxpy_solver.upper() == "HIGHS" else f"cvxpy-{cvxpy_solver.lower()}"
+    name = cvxpy_solver.upper()
+    cp = _import_cvxpy(label, name)
+    if model.is_quadratic:
+        raise SolverUnavailable(
+            f"solver={label} cannot take products of variables (not DCP); build the linearised "
+            "model (formulation mode=paper, linearize=True) or use solver=scip / gurobi"
+        )
+
+    t_build = time.perf_counter()
+    is_mip = bool(model.n_integer) and not options.relax
+    prob, x, cons = _build(cp, model, options, warm_start, is_mip)
     solver_opts = _solver_options(name, options, is_mip)
     log.info(
         "%s: %d vars, %d rows as %d cvxpy constraints, built in %.2f s",
         label,
-        n,
+        model.n_vars,
         model.n_rows,
         len(cons),
         time.perf_counter() - t_build,
@@ -238,44 +330,9 @@ def solve_cvxpy(
                 label,
             )
     except cp.error.SolverError as exc:
-        elapsed = time.perf_counter() - t0
-        if name == "GUROBI":
-            from xengine.solvers.gurobi import (
-                LICENCE_MAX_ROWS,
-                LICENCE_MAX_VARS,
-                LICENCE_MAX_VARS_QUADRATIC,
-                licence_message,
-            )
-
-            limit = LICENCE_MAX_VARS_QUADRATIC if model.is_quadratic else LICENCE_MAX_VARS
-            if n > limit or model.n_rows > LICENCE_MAX_ROWS:
-                raise SolverUnavailable(
-                    licence_message(model).replace("solver=gurobi", f"solver={label}")
-                    + f" (cvxpy said: {exc})"
-                ) from exc
-        tl = options.time_limit_s
-        if tl is not None and elapsed >= 0.9 * tl:
-            # cvxpy turns "time limit, no incumbent" into a solver failure for some solvers
-            # (SCIP): at the time limit that is what it was.
-            return SolveResult(
-                solver=label,
-                status="no_solution",
-                x=None,
-                objective=None,
-                best_bound=None,
-                gap=None,
-                solve_time_s=elapsed,
-                message=f"cvxpy/{name} failed at the time limit ({tl:g} s): {exc}",
-            )
-        return SolveResult.failed(label, elapsed, f"cvxpy/{name}: {exc}")
+        return _solver_error(exc, label, name, model, options, time.perf_counter() - t0)
     elapsed = time.perf_counter() - t0
-    xv = None
-    if x.value is not None:
-        cand = np.asarray(x.value, dtype=float).reshape(-1)
-        if cand.shape == (n,) and np.all(np.isfinite(cand)):
-            check = model if is_mip else _relaxed(model)
-            if check.max_violation(cand) <= FEAS_TOL * max(1.0, float(np.abs(cand).max(initial=0))):
-                xv = cand
+    xv = _incumbent(x, model, is_mip)
     bounded = bool(np.all(np.isfinite(model.lb)) and np.all(np.isfinite(model.ub)))
     stats = getattr(prob, "solver_stats", None)
     status, bound, nodes = _inner(name, stats, prob.status, xv is not None, bounded)
@@ -283,7 +340,7 @@ def solve_cvxpy(
         solver_opts["env"].dispose()
     if bound is not None:
         bound += float(model.offset)  # cvxpy keeps the constant out of the inner solver
-    if status not in ("optimal", "feasible"):
+    if status not in SOLUTION_STATUSES:
         xv = None
     obj = model.objective(xv) if xv is not None else None
     if not is_mip and status == "optimal":

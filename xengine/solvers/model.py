@@ -8,7 +8,8 @@ same object. Variables that the stage structure fixes at zero are never created:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib.util
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,6 +18,50 @@ import scipy.sparse as sp
 STATUSES = ("optimal", "feasible", "infeasible", "no_solution", "error")
 SOLUTION_STATUSES = ("optimal", "feasible")
 """The statuses that come with a solution (a schedule); every other one has none."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    """What one solver back-end takes, what it needs installed and how its statuses read.
+
+    Each back-end module declares its own (module-level ``BACKENDS``) and
+    :mod:`xengine.solvers` builds the registry from them, so a back-end is described in one
+    place. ``target`` is ``"module:function"``, the solve function with the common signature
+    ``(model, options, warm_start, progress)``; it is imported only when the back-end is asked
+    for. ``packages`` are the top-level Python packages it needs (all of them).
+
+    ``statuses`` maps the solver's own status codes (ints or names, as the solver reports
+    them) to :data:`STATUSES`; a code that stops the solve at a limit maps to ``feasible``,
+    which :meth:`status` turns into ``no_solution`` when there is no incumbent. Anything not
+    in the map is an ``error``. Rules that need more than the code (Gurobi's
+    infeasible-or-unbounded, SCIP's ``inforunbd``) stay in the back-end's ``map_status``.
+    """
+
+    name: str
+    target: str
+    packages: tuple[str, ...]
+    takes_lp: bool  # solves an LP relaxation (``options.relax``)
+    takes_milp: bool
+    takes_quadratic: bool  # products of variables (the paper's MIQP) without linearisation
+    integer_only: bool = False  # continuous columns only where they are integers in disguise
+    statuses: Mapping[object, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        bad = sorted({str(v) for v in self.statuses.values()} - set(STATUSES))
+        if bad:
+            raise ValueError(f"back-end {self.name!r} maps statuses to {bad}, not in STATUSES")
+
+    def installed(self) -> bool:
+        """Whether every package it needs can be imported (found, not imported: cheap)."""
+        return all(importlib.util.find_spec(p) is not None for p in self.packages)
+
+    def status(self, code: object, has_solution: bool | None = None) -> str:
+        """The solver's status ``code`` as one of :data:`STATUSES` (``error`` when unmapped);
+        with ``has_solution=False`` a limit (``feasible``) is ``no_solution``."""
+        s = self.statuses.get(code, "error")
+        if s == "feasible" and has_solution is False:
+            return "no_solution"
+        return s
 
 
 class SolverUnavailable(RuntimeError):
@@ -263,7 +308,7 @@ class SolveResult:
 
     @property
     def has_solution(self) -> bool:
-        return self.x is not None and self.status in ("optimal", "feasible")
+        return self.x is not None and self.status in SOLUTION_STATUSES
 
     @classmethod
     def failed(cls, solver: str, solve_time_s: float, message: str) -> SolveResult:

@@ -18,6 +18,8 @@ import numpy as np
 
 from xengine.interrupt import Interrupted, run_stoppable
 from xengine.solvers.model import (
+    SOLUTION_STATUSES,
+    Backend,
     MilpModel,
     ProgressFn,
     SolveResult,
@@ -43,6 +45,24 @@ _LIMITS = {
 }
 
 
+BACKEND = Backend(
+    name="scip",
+    target=f"{__name__}:solve_scip",
+    packages=("pyscipopt",),
+    takes_lp=True,
+    takes_milp=True,
+    takes_quadratic=True,
+    statuses={
+        "optimal": "optimal",
+        "gaplimit": "optimal",
+        "infeasible": "infeasible",
+        **dict.fromkeys(_LIMITS, "feasible"),
+    },
+)
+"""solver=scip: LP, MILP and the paper's MIQP (products through one quadratic row)."""
+BACKENDS = (BACKEND,)
+
+
 def map_status(scip_status: str, has_solution: bool, bounded: bool = False) -> str:
     """SCIP ``getStatus()`` -> one of STATUSES.
 
@@ -50,39 +70,18 @@ def map_status(scip_status: str, has_solution: bool, bounded: bool = False) -> s
     reports as optimal too. ``inforunbd`` is infeasible when every column has finite bounds
     (``bounded``); otherwise it is left as an error."""
     s = scip_status.lower()
-    if s in ("optimal", "gaplimit"):
-        return "optimal" if has_solution else "error"
-    if s == "infeasible" or (s == "inforunbd" and bounded):
+    if s == "inforunbd" and bounded:
         return "infeasible"
-    if s in _LIMITS:
-        return "feasible" if has_solution else "no_solution"
-    return "error"
+    status = BACKEND.status(s, has_solution)
+    if status == "optimal" and not has_solution:
+        return "error"
+    return status
 
 
-def solve_scip(
-    model: MilpModel,
-    options: SolverOptions,
-    warm_start: np.ndarray | None = None,
-    progress: ProgressFn | None = None,
-) -> SolveResult:
-    """Solve with SCIP. Options: ``limits/time``, ``limits/gap``,
-    ``randomization/randomseedshift``; ``verbose`` shows SCIP's log; ``relax`` builds every
-    column continuous (with products that is a non-convex continuous problem, still solved
-    globally). ``threads`` is ignored: SCIP's optimize is single-threaded. ``warm_start`` is
-    added as a complete solution (``z`` set to its product sum). ``progress`` is called from a
-    BESTSOLFOUND event handler."""
-    try:
-        from pyscipopt import SCIP_EVENTTYPE, Eventhdlr, Model
-        from pyscipopt.scip import Expr, ExprCons, Term
-    except ImportError as exc:
-        raise SolverUnavailable(
-            "solver=scip needs the 'pyscipopt' package: pip install pyscipopt"
-        ) from exc
-
-    t_build = time.perf_counter()
-    s = Model(model.name)
-    s.hideOutput(not options.verbose)
-    inf = s.infinity()
+def _build(s, Expr, ExprCons, Term, model: MilpModel, options: SolverOptions):
+    """The model into SCIP ``s``: columns, ranged rows, and the linear objective with the
+    products moved into one quadratic row on the free column ``z`` (module docstring).
+    Returns the columns and ``z`` (None without products)."""
     n = model.n_vars
     lb, ub = model.lb, model.ub
     if options.relax:
@@ -123,24 +122,24 @@ def solve_scip(
     s.setObjective(Expr(terms), "minimize")
     if model.offset:
         s.addObjoffset(float(model.offset))
+    return xs, z
 
-    if options.time_limit_s is not None:
-        s.setParam("limits/time", float(options.time_limit_s))
-    s.setParam("limits/gap", float(options.rel_gap))
-    s.setParam("randomization/randomseedshift", int(options.seed))
 
-    if warm_start is not None and not options.relax:
-        w = np.asarray(warm_start, dtype=float)
-        sol = s.createSol()
-        for j in range(n):
-            s.setSolVal(sol, xs[j], float(w[j]))
-        if z is not None:
-            s.setSolVal(sol, z, float(np.sum(model.q_val * w[model.q_i] * w[model.q_j])))
-        if not s.addSol(sol, free=True):
-            log.info("scip: the warm start was not accepted")
+def _add_start(s, xs, z, model: MilpModel, warm_start: np.ndarray) -> None:
+    """The warm start as a complete solution (``z`` set to its product sum)."""
+    w = np.asarray(warm_start, dtype=float)
+    sol = s.createSol()
+    for j in range(model.n_vars):
+        s.setSolVal(sol, xs[j], float(w[j]))
+    if z is not None:
+        s.setSolVal(sol, z, float(np.sum(model.q_val * w[model.q_i] * w[model.q_j])))
+    if not s.addSol(sol, free=True):
+        log.info("scip: the warm start was not accepted")
 
-    t0 = time.perf_counter()
-    first: list[float] = []
+
+def _progress_handler(SCIP_EVENTTYPE, Eventhdlr, t0, first, progress, inf):
+    """A BESTSOLFOUND event handler: notes the time of the first incumbent in ``first`` and
+    passes every new best one to ``progress``."""
 
     class _Progress(Eventhdlr):
         def eventinit(self) -> None:
@@ -158,10 +157,48 @@ def solve_scip(
                 bnd = float(self.model.getDualbound())
                 progress(el, obj, bnd if abs(bnd) < inf else None)
 
-    s.includeEventhdlr(_Progress(), "xengine_progress", "reports improving incumbents")
+    return _Progress()
+
+
+def solve_scip(
+    model: MilpModel,
+    options: SolverOptions,
+    warm_start: np.ndarray | None = None,
+    progress: ProgressFn | None = None,
+) -> SolveResult:
+    """Solve with SCIP. Options: ``limits/time``, ``limits/gap``,
+    ``randomization/randomseedshift``; ``verbose`` shows SCIP's log; ``relax`` builds every
+    column continuous (with products that is a non-convex continuous problem, still solved
+    globally). ``threads`` is ignored: SCIP's optimize is single-threaded. ``warm_start`` is
+    added as a complete solution (``z`` set to its product sum). ``progress`` is called from a
+    BESTSOLFOUND event handler."""
+    try:
+        from pyscipopt import SCIP_EVENTTYPE, Eventhdlr, Model
+        from pyscipopt.scip import Expr, ExprCons, Term
+    except ImportError as exc:
+        raise SolverUnavailable(
+            "solver=scip needs the 'pyscipopt' package: pip install pyscipopt"
+        ) from exc
+
+    t_build = time.perf_counter()
+    s = Model(model.name)
+    s.hideOutput(not options.verbose)
+    inf = s.infinity()
+    xs, z = _build(s, Expr, ExprCons, Term, model, options)
+    if options.time_limit_s is not None:
+        s.setParam("limits/time", float(options.time_limit_s))
+    s.setParam("limits/gap", float(options.rel_gap))
+    s.setParam("randomization/randomseedshift", int(options.seed))
+    if warm_start is not None and not options.relax:
+        _add_start(s, xs, z, model, warm_start)
+
+    t0 = time.perf_counter()
+    first: list[float] = []
+    handler = _progress_handler(SCIP_EVENTTYPE, Eventhdlr, t0, first, progress, inf)
+    s.includeEventhdlr(handler, "xengine_progress", "reports improving incumbents")
     log.info(
         "scip: %d vars, %d rows, %d products, built in %.2f s",
-        n,
+        model.n_vars,
         model.n_rows,
         model.q_val.size,
         t0 - t_build,
@@ -178,10 +215,10 @@ def solve_scip(
     if raw == "userinterrupt":  # not ours: a signal SCIP caught after all
         raise Interrupted()
     has_sol = s.getNSols() > 0
-    bounded = bool(np.all(np.isfinite(lb)) and np.all(np.isfinite(ub)))
+    bounded = bool(np.all(np.isfinite(model.lb)) and np.all(np.isfinite(model.ub)))
     status = map_status(raw, has_sol, bounded)
     xv = None
-    if status in ("optimal", "feasible"):
+    if status in SOLUTION_STATUSES:
         best = s.getBestSol()
         xv = np.array([s.getSolVal(best, v) for v in xs], dtype=float)
     obj = model.objective(xv) if xv is not None else None

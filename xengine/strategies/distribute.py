@@ -231,8 +231,8 @@ def start_candidates(
 
     Candidates may exceed the budgets only if the caller checks; both kinds here fit.
     """
-    from baselines.heuristics import solve_chen_greedy
     from xengine.schedule import keep_all_schedule
+    from xengine.strategies.registry import load
     from xengine.strategies.solve import solve_xengine
 
     if inst.n_devices < 2:
@@ -241,7 +241,7 @@ def start_candidates(
     fastest = int(np.argmin(inst.compute_s.sum(axis=1)))
     alone = inst.only_device(fastest, int(inst.budgets.sum()))
     extra = [("keep-all", keep_all_schedule(alone))]
-    greedy = solve_chen_greedy(alone)
+    greedy = load("chen_greedy")(alone)  # a baseline: looked up, never imported
     if greedy.has_schedule:
         extra.append((f"chen_greedy on {inst.devices[fastest]}", greedy.schedule))
     cands = [*singles, *extra]
@@ -272,6 +272,6 @@ def start_candidates(
     except SolverUnavailable as exc:  # the full solve will say so; a start is optional
         log.warning("placed model skipped: %s", str(exc).splitlines()[0])
         return out
-    if res.has_schedule and res.sim.within_budget and res.status in ("optimal", "feasible"):
+    if res.fits:
         out.append((f"XEngine restricted to the placement of {sp.source}", res.schedule))
     return out

@@ -79,7 +79,7 @@ class FrontierModel:
 
     def residency_from(self, x: np.ndarray) -> np.ndarray:
         """``S`` (T, n) read from a solution: the values it keeps. With Checkmate's pass
-        (:func:`baselines.common.solve_r_opt`, which derives the least ``R`` and drops residents
+        (:func:`xengine.checkpoints.solve_r_opt`, which derives the least ``R`` and drops residents
         nobody reads) it is a schedule; whether that fits is the simulator's call."""
         H = self.Hix[:, : self.inst.graph.size]
         return np.where(H >= 0, x[np.maximum(H, 0)] > 0.5, False)

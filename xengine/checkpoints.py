@@ -1,9 +1,14 @@
-"""Pieces every single-device baseline shares: from a checkpoint matrix S to a full schedule.
+"""From a set of checkpoints to a full one-device schedule, and the range of feasible budgets.
 
 Checkmate (Jain et al., MLSys 2020) turns every strategy's checkpoint matrix ``S`` into a
 schedule with one linear-time pass that adds the cheapest consistent ``R``; the heuristics
 describe ``S`` through a set of forward checkpoints. Both live here, with the articulation
 points of the forward graph that the DAG variants of the heuristics use as candidates.
+The same two schedules bound the smallest feasible budget of a graph
+(:func:`min_feasible_budget_bytes`), which every stage from the command line on checks.
+
+It lives in the core, not in ``baselines``: the pipeline needs the budget range before any
+strategy runs, and the baselines import it (never the other way round).
 
 All schedules built here are for one device and are checked by :func:`xengine.simulate`.
 On one device an edge with ``copyable=False`` needs nothing special: every value is on the
@@ -17,7 +22,9 @@ from collections.abc import Iterable
 import numpy as np
 
 from xengine.graph.types import Graph
+from xengine.problem import Instance
 from xengine.schedule import Schedule
+from xengine.simulate import simulate
 
 
 def device_name(graph: Graph, device: int | str = 0) -> str:
@@ -230,3 +237,38 @@ def is_forward_chain(graph: Graph) -> bool:
         if [u for u in graph.predecessors[b] if u in fwd] != [a]:
             return False
     return not (idx and any(u in fwd for u in graph.predecessors[idx[0]]))
+
+
+def min_feasible_budget_bytes(graph: Graph) -> tuple[int, int]:
+    """``(lower_bound, known_feasible)`` for the smallest activation budget of ``graph``.
+
+    The lower bound is the largest (inputs + output + workspace) of any node, which must be
+    on the device at once. The known feasible budget is the peak of the most memory-frugal
+    schedule at hand: no forward checkpoints, each backward stage recomputing its forward
+    inputs (the gradients are kept), or keep-everything if that is smaller. When the two
+    numbers are equal, that is the smallest feasible budget.
+    """
+    inst = Instance.single(graph, device_name(graph, 0), budget_bytes=None)
+    lower = int(graph.node_lower_bound_bytes(inst.devices[0]).max())
+    peaks = [
+        int(
+            simulate(inst, schedule_from_checkpoints(graph, keep, inst.devices[0])).peak_bytes.max()
+        )
+        for keep in ((), graph.forward_indices)
+    ]
+    return lower, max(lower, min(peaks))
+
+
+def budget_range_message(graph: Graph, infeasible_at: int | None = None) -> str:
+    """Names the smallest feasible budget, or the range it lies in. ``infeasible_at``: a
+    budget proven infeasible (the smallest feasible one is then above it)."""
+    lower, known = min_feasible_budget_bytes(graph)
+    if infeasible_at is not None:
+        lower = max(lower, int(infeasible_at) + 1)
+    if lower >= known:
+        return f"the smallest feasible budget is {known} bytes"
+    why = "inputs + output of the largest op" if infeasible_at is None else "proven so"
+    return (
+        f"the smallest feasible budget is between {lower} bytes ({why}) and {known} bytes "
+        "(a recompute-heavy schedule fits)"
+    )

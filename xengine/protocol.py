@@ -1,0 +1,280 @@
+"""The paper's comparison protocol, defined once (Schuler et al. 2022, section 6; docs/design.md
+section 9). ``run.py`` (through :func:`xengine.pipeline.run_pipeline`), the library's
+:func:`compare` and the benchmarks all use these functions:
+
+* **which rows**: XEngine gets budget ``b_d`` on every device ``d``; each single-device
+  strategy (Checkmate, LP rounding, the heuristics) runs on each device alone with the *total*
+  memory ``sum_d b_d``, the other devices unused (:func:`plan`);
+* **what fits**: :attr:`xengine.result.StrategyResult.fits`, a schedule with a solution status
+  that the simulator finds within every budget;
+* **the gain**: (fastest fitting single-device time - XEngine's time) / that single time,
+  predicted by the simulator and, when both were executed, measured (:class:`Summary`);
+* **the infeasible list**: the single-device rows with no schedule that fits (:func:`summarize`);
+* **the warm start**: XEngine starts from the fastest valid schedule among those rows and their
+  spreads over the devices (:func:`warm_start`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from xengine.problem import Instance
+from xengine.result import RunRow, StrategyResult, row_of
+from xengine.schedule import Schedule
+from xengine.simulate import ScheduleError, simulate
+from xengine.solvers import SolverOptions
+from xengine.strategies.distribute import start_candidates
+from xengine.strategies.registry import (
+    HEURISTICS,
+    SINGLE_DEVICE,
+    STRATEGIES,
+    SolveSettings,
+    load,
+    run_strategy,
+)
+
+log = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------------------ which rows
+@dataclass(frozen=True)
+class Job:
+    """One row of the protocol: strategy ``name`` on ``inst`` (for a single-device strategy
+    over several devices: device ``device`` alone with the total memory)."""
+
+    label: str
+    name: str
+    inst: Instance
+    alone: bool
+
+
+def plan(inst: Instance, names: Sequence[str]) -> list[Job]:
+    """The rows of a run in protocol order: the single-device strategies first (their best
+    schedule warm-starts XEngine's), each on every device alone with the total memory; then
+    the strategies over all devices (XEngine)."""
+    several = inst.n_devices > 1
+    total = int(sum(inst.budget_bytes))
+    jobs: list[Job] = []
+    for name in sorted(names, key=lambda s: not STRATEGIES[s].one_device):
+        if not STRATEGIES[name].one_device:
+            jobs.append(Job(name, name, inst, alone=False))
+            continue
+        for d, device in enumerate(inst.devices):
+            label = f"{name}.{device}" if several else name
+            jobs.append(Job(label, name, inst.only_device(d, total), alone=several))
+    return jobs
+
+
+# ------------------------------------------------------------------------------ warm start
+def _what(res: StrategyResult, memory: str) -> str:
+    return f"{res.strategy} on {res.devices[0]} ({memory} memory)"
+
+
+def warm_start(
+    inst: Instance,
+    alone: Sequence[StrategyResult],
+    solver: str = "highs",
+    options: SolverOptions | None = None,
+    mode: str = "exact",
+    min_budget_bytes: int = 0,
+) -> tuple[str, Schedule, float] | None:
+    """XEngine's start on ``inst``: ``(what, schedule, predicted time)`` of the fastest valid
+    schedule within the per-device budgets, found among
+
+    1. ``alone``: the single-device schedules solved with the total memory, each embedded on
+       its device (the protocol computes them anyway), and (several devices)
+       ``recompute_greedy`` on each device alone with that device's own budget: seconds and
+       no solver (resnet50 at 50 %, H200 costs: 48.85 ms; the placed model of step 2 reached
+       48.2-48.4 ms in 60 s), so a start exists even when step 2 runs out of time;
+    2. (exact and intervals modes, several devices) those schedules and keep-everything
+       spread over the devices, and XEngine's model restricted to the best spread's placement
+       (:func:`xengine.strategies.distribute.start_candidates`; the run's time limit and gap);
+    3. only when none of those fits: Checkmate and the heuristics on each device alone with
+       that device's own budget (docs/design.md section 6: each is a feasible point of
+       XEngine's model), Checkmate with a quarter of the time limit and a 5 % gap: a start
+       needs a good schedule, not a proof. Devices whose budget is below ``min_budget_bytes``
+       are skipped.
+
+    ``None`` when nothing fits (the solver then starts cold).
+    """
+    options = options or SolverOptions()
+    cands: list[tuple[float, str, Schedule]] = []
+
+    def add(what: str, sched: Schedule) -> None:
+        try:
+            sim = simulate(inst, sched, check_budget=False)
+        except ScheduleError:
+            return
+        if sim.within_budget:
+            cands.append((float(sim.time_s), what, sched))
+
+    for res in alone:
+        if res.fits:
+            add(_what(res, "total"), res.schedule.on_devices(inst.devices))
+    own = _own_budget_instances(inst, min_budget_bytes)
+    greedy = load("recompute_greedy")
+    for sub in own:
+        res = greedy(sub)
+        if res.fits:
+            add(_what(res, "its own"), res.schedule.on_devices(inst.devices))
+    if inst.n_devices > 1 and mode in ("exact", "intervals"):
+        singles = [(_what(r, "total"), r.schedule) for r in alone if r.has_schedule]
+        xe_solver = SolveSettings(solver=solver, formulation=mode).xengine_solver
+        for what, sched in start_candidates(inst, singles, xe_solver, options, mode=mode):
+            add(what, sched)
+    if not cands:
+        for what, sched in _fallback_starts(own, solver, options):
+            add(what, sched.on_devices(inst.devices))
+    if not cands:
+        return None
+    t, what, sched = min(cands, key=lambda c: c[0])
+    return what, sched, t
+
+
+def _own_budget_instances(inst: Instance, min_budget_bytes: int) -> list[Instance]:
+    """With several devices, each device alone with its own budget, skipping those below
+    ``min_budget_bytes`` (no schedule fits them alone); none with one device."""
+    if inst.n_devices < 2:
+        return []
+    return [
+        inst.only_device(d, inst.budget_bytes[d])
+        for d in range(inst.n_devices)
+        if inst.budget_bytes[d] >= min_budget_bytes
+    ]
+
+
+def _fallback_starts(
+    own: Sequence[Instance], solver: str, options: SolverOptions
+) -> list[tuple[str, Schedule]]:
+    """Step 3 of :func:`warm_start`: Checkmate (a quarter of the limit, a 5 % gap) and the
+    heuristics other than ``recompute_greedy`` (already tried) on each device alone with its
+    own budget; their schedules, fitting or not (the caller keeps those that fit)."""
+    opts = replace(
+        options,
+        time_limit_s=None if options.time_limit_s is None else options.time_limit_s / 4,
+        rel_gap=max(options.rel_gap, 0.05),
+    )
+    settings = SolveSettings(solver=solver, options=opts)
+    out = []
+    for sub in own:
+        for name in ("checkmate", *HEURISTICS):
+            if name == "recompute_greedy":
+                continue
+            log.info("warm start: %s on %s alone with its own budget", name, sub.devices[0])
+            res = run_strategy(name, sub, settings)
+            if res.status == "error":  # a start is optional
+                log.info("warm start candidate %s failed: %s", name, res.message)
+            elif res.schedule is not None:
+                out.append((_what(res, "its own"), res.schedule))
+    return out
+
+
+# ------------------------------------------------------------------------------ the headline
+@dataclass
+class Summary:
+    """The headline of a run over several devices: XEngine against the fastest single-device
+    schedule that fits the total memory (predicted by the simulator, and measured when both
+    were executed). ``gain`` = (best single time - XEngine time) / best single time."""
+
+    total_budget_bytes: int | None
+    xengine: RunRow | None
+    best_single: RunRow | None
+    infeasible_single: list[str]
+
+    @property
+    def gain(self) -> float | None:
+        x, b = self.xengine, self.best_single
+        if x is None or b is None or x.result is None or not x.result.fits:
+            return None
+        if not b.predicted_time_s:
+            return None
+        return (b.predicted_time_s - x.predicted_time_s) / b.predicted_time_s
+
+    @property
+    def measured_gain(self) -> float | None:
+        x, b = self.xengine, self.best_single
+        if self.gain is None or x.measured_time_s is None or not b.measured_time_s:
+            return None
+        return (b.measured_time_s - x.measured_time_s) / b.measured_time_s
+
+
+def _fits(row: RunRow) -> bool:
+    return row.result is not None and row.result.fits
+
+
+def summarize(rows: Sequence[RunRow]) -> Summary:
+    """Best single-device row, XEngine's row, and the single-device rows with no schedule
+    that fits the total memory, from the rows of a run over several devices."""
+    singles = [r for r in rows if r.alone]
+    xe = next((r for r in rows if r.strategy == "xengine" and not r.alone), None)
+    fitting = [r for r in singles if _fits(r)]
+    best = min(fitting, key=lambda r: r.predicted_time_s) if fitting else None
+    total = xe.budget_bytes if xe is not None else None
+    return Summary(
+        total_budget_bytes=None if not total else int(sum(total)),
+        xengine=xe,
+        best_single=best,
+        infeasible_single=[r.label for r in singles if not _fits(r)],
+    )
+
+
+# ------------------------------------------------------------------------------ library API
+@dataclass
+class Comparison:
+    """Every row of one protocol run (solved and simulated, not executed) and its headline."""
+
+    rows: list[RunRow] = field(default_factory=list)
+    summary: Summary | None = None
+
+    @property
+    def results(self) -> list[StrategyResult]:
+        return [r.result for r in self.rows if r.result is not None]
+
+    @property
+    def xengine(self) -> StrategyResult | None:
+        x = self.summary.xengine if self.summary else None
+        return None if x is None else x.result
+
+    @property
+    def best_single(self) -> StrategyResult | None:
+        b = self.summary.best_single if self.summary else None
+        return None if b is None else b.result
+
+    @property
+    def infeasible_single(self) -> list[str]:
+        return self.summary.infeasible_single if self.summary else []
+
+    @property
+    def gain(self) -> float | None:
+        return self.summary.gain if self.summary else None
+
+
+def compare(
+    inst: Instance,
+    strategies: Sequence[str] = ("xengine", *SINGLE_DEVICE),
+    solver: str = "highs",
+    mode: str = "exact",
+    options: SolverOptions | None = None,
+) -> Comparison:
+    """Run the protocol on a multi-device ``inst`` without executing anything (a one-device
+    instance also works: then the single-device strategies get that device's budget)."""
+    settings = SolveSettings(solver=solver, options=options or SolverOptions(), formulation=mode)
+    out = Comparison()
+    alone: list[StrategyResult] = []
+    for job in plan(inst, strategies):
+        warm = None
+        if job.name == "xengine":
+            start = warm_start(inst, alone, solver, settings.options, mode)
+            if start is not None:
+                log.info("warm start: %s (%.4g s)", start[0], start[2])
+                warm = start[1]
+        res = run_strategy(job.name, job.inst, settings, warm_start=warm, label=job.label)
+        row = row_of(job.label, res)
+        row.alone = STRATEGIES[job.name].one_device  # one device too: the rows to beat
+        out.rows.append(row)
+        if STRATEGIES[job.name].one_device:
+            alone.append(res)
+    out.summary = summarize(out.rows)
+    return out
