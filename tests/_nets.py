@@ -8,9 +8,10 @@ import functools
 import torch
 
 from xengine.execute.executor import ExecutionResult, execute, reference_step
-from xengine.graph.capture import CapturedModel, capture_net
+from xengine.graph.capture import CapturedModel
 from xengine.graph.types import CopyModel, Graph
 from xengine.problem import Instance
+from xengine.profile.workspace import capture_net
 from xengine.schedule import Schedule
 
 

@@ -10,8 +10,9 @@ import torch.nn.functional as F
 from _nets import resnet18_small, tiny
 from torch import nn
 
-from xengine.graph.capture import TORCHVISION_NETS, capture, capture_net
+from xengine.graph.capture import TORCHVISION_NETS
 from xengine.graph.types import GraphError
+from xengine.profile.workspace import capture, capture_net
 
 
 def names(g):

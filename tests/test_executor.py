@@ -10,8 +10,8 @@ from _nets import buffers, costed, resnet18_small, run_beside_reference, set_buf
 from _schedules import checkpoint_schedule, forward_devices
 
 from xengine.execute.executor import execute, reference_step
-from xengine.graph.capture import capture_net
 from xengine.problem import Instance
+from xengine.profile.workspace import capture_net
 from xengine.schedule import Schedule, keep_all_schedule
 from xengine.simulate import simulate
 
@@ -256,7 +256,7 @@ class _FunctionalParams(torch.nn.Module):
 
 
 def test_functional_parameters_and_folded_sizes_match_plain_pytorch():
-    from xengine.graph.capture import capture
+    from xengine.profile.workspace import capture
 
     torch.manual_seed(0)
     cap = capture(_FunctionalParams(), torch.randn(4, 6), torch.tensor([0, 1, 2, 0]))

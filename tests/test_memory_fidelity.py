@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from xengine.execute.executor import execute, reference_step
-from xengine.graph.capture import capture_net
 from xengine.problem import Instance
+from xengine.profile.workspace import capture_net
 from xengine.schedule import keep_all_schedule
 from xengine.simulate import keep_all_peak_bytes
 

@@ -10,9 +10,9 @@ import pytest
 from _nets import tiny
 
 import xengine.profile.profiler as profiler
-from xengine.graph.capture import capture_net
 from xengine.problem import Instance
 from xengine.profile.profiler import Profile, ProfileError, apply_profile, profile_model
+from xengine.profile.workspace import capture_net
 from xengine.schedule import keep_all_schedule
 from xengine.simulate import simulate
 

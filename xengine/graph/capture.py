@@ -287,17 +287,17 @@ def capture(
     target: torch.Tensor,
     mode: str = "train",
     name: str = "model",
-    measure_workspace: bool = True,
 ) -> CapturedModel:
     """Trace ``module`` and build its training (``mode="train"``) or inference graph.
 
     The module is put in train or eval mode and its in-place flags are switched off (same
     numbers). ``target`` holds class indices for the cross-entropy loss.
 
-    ``workspace_bytes`` of a node is the memory it needs only while it runs. With
-    ``measure_workspace`` (default) it is measured on the CPU allocator by running every node
-    once (op temporaries, a backward op's parameter gradients before accumulation); without,
-    it is the bytes of the parameter gradients a backward node produces.
+    ``workspace_bytes`` of a node is the memory it needs only while it runs; here it is the
+    bytes of the parameter gradients a backward node produces. Measuring it on an allocator
+    runs the nodes with the executor, so it belongs to the profile stage (the graph stage
+    never runs the executor): ``xengine.profile.workspace.fill_workspaces``, or
+    ``xengine.profile.workspace.capture``, which is this function followed by it.
     """
     if mode not in MODES:
         raise GraphError(f"mode {mode!r} is not one of {MODES}")
@@ -344,18 +344,7 @@ def capture(
         net=name,
         meta=dict(graph.meta),
     )
-    if measure_workspace:
-        from xengine.execute.executor import measure_workspace_bytes
-
-        ws = measure_workspace_bytes(cap)
-        nodes = tuple(
-            replace(v, workspace_bytes=max(int(v.workspace_bytes), int(w)))
-            for v, w in zip(graph.nodes, ws, strict=True)
-        )
-        meta = {**graph.meta, "workspace": "measured on the CPU allocator"}
-        cap.graph = replace(graph, nodes=nodes, meta=meta)
-    else:
-        cap.graph = replace(graph, meta={**graph.meta, "workspace": "parameter gradients"})
+    cap.graph = replace(graph, meta={**graph.meta, "workspace": "parameter gradients"})
     cap.meta = dict(cap.graph.meta)
     return cap
 
@@ -717,13 +706,14 @@ def capture_net(
     image_size: int | None = None,
     num_classes: int | None = None,
     seed: int = 0,
-    measure_workspace: bool = True,
 ) -> CapturedModel:
     """Capture a named network with seeded random weights (nothing is downloaded).
 
     ``image_size`` defaults to 224 (32 for ``tiny``), ``num_classes`` to 1000 (10 for
     ``tiny``). The input batch is standard normal and the targets uniform class indices, both
     drawn from a generator seeded with ``seed``; the global random state is left untouched.
+    Workspaces are the parameter gradients, as in :func:`capture`;
+    ``xengine.profile.workspace.capture_net`` measures them too.
     """
     if net not in TORCHVISION_NETS:
         raise GraphError(f"unknown net {net!r}: choose one of {', '.join(TORCHVISION_NETS)}")
@@ -743,7 +733,7 @@ def capture_net(
         gen = torch.Generator().manual_seed(seed)
         x = torch.randn(batch_size, 3, image_size, image_size, generator=gen)
         target = torch.randint(0, num_classes, (batch_size,), generator=gen)
-    cap = capture(module, x, target, mode=mode, name=net, measure_workspace=measure_workspace)
+    cap = capture(module, x, target, mode=mode, name=net)
     for w in caught:
         log.warning("%s (building %s): %s", w.category.__name__, net, w.message)
     cap.graph = replace(cap.graph, meta={**cap.graph.meta, "seed": seed})

@@ -328,7 +328,8 @@ def _measure(
 ]:
     from tqdm.auto import tqdm
 
-    from xengine.execute.executor import _Runtime, measure_workspace_bytes
+    from xengine.execute.executor import _Runtime
+    from xengine.profile.workspace import measure_workspace_bytes
 
     g = captured.graph
     buffers0 = [(b, b.detach().clone()) for b in captured.gm.buffers()]
