@@ -18,7 +18,7 @@ import torch
 from mlflow import MlflowClient
 
 from tests.helpers import run_cli
-from xengine.commandline import rewrite_argv
+from xengine.commandline import rewrite_argv, run_config_from
 from xengine.config import ConfigError, RunConfig
 from xengine.execute.executor import (
     TOLERANCE_FRACTION,
@@ -39,7 +39,7 @@ QUICK = ["n_steps=1", "warmup=0", "profile.repeats=1", "profile.warmup=0", "prof
 
 sys.path.insert(0, str(REPO))
 try:
-    import run as run_py  # noqa: E402  (run.py at the repository root)
+    import run  # noqa: E402, F401  (run.py at the repository root: registers its resolvers)
 finally:
     sys.path.remove(str(REPO))
 
@@ -81,23 +81,23 @@ def test_devices_group_has_the_documented_mixes():
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         for name in sorted(files):
             # '+' is accepted in a group option name: devices=cpu+cuda
-            rc = run_py.run_config_from(compose("config", overrides=[f"devices={name}"]))
+            rc = run_config_from(compose("config", overrides=[f"devices={name}"]))
             want = available_devices() if name == "auto" else tuple(name.split("+"))
             assert rc.devices == want, name
-        rc = run_py.run_config_from(
+        rc = run_config_from(
             compose("config", overrides=rewrite_argv(["devices=[cpu3,cpu1]"], CONF))
         )
         assert rc.devices == ("cpu3", "cpu1")
         over = rewrite_argv(["devices=cpu+cuda", "mem=2GB", "mem.cuda=1GB"], CONF)
-        rc = run_py.run_config_from(compose("config", overrides=over))
+        rc = run_config_from(compose("config", overrides=over))
         assert rc.memory_texts() == ("2GB", "1GB") and rc.mem_text == "cpu=2GB,cuda=1GB"
         over = rewrite_argv(["devices=cpu+cuda", "mem.cuda=1GB", "mem.cpu=8GB"], CONF)
-        rc = run_py.run_config_from(compose("config", overrides=over))
+        rc = run_config_from(compose("config", overrides=over))
         assert rc.memory_texts() == ("8GB", "1GB")
-        rc = run_py.run_config_from(compose("config", overrides=["devices=cpu2+cpu1", "mem=2GB"]))
+        rc = run_config_from(compose("config", overrides=["devices=cpu2+cpu1", "mem=2GB"]))
         assert rc.memory_texts() == ("2GB", "2GB") and rc.run_strategies[-1] == "xengine"
         over = rewrite_argv(["devices=cpu2+cpu1", "mem=[1GB,2GB]"], CONF)  # one per device
-        assert run_py.run_config_from(compose("config", overrides=over)).memory_texts() == (
+        assert run_config_from(compose("config", overrides=over)).memory_texts() == (
             "1GB",
             "2GB",
         )

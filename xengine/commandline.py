@@ -41,7 +41,7 @@ from xengine.units import MemorySpecError
 
 _HYDRA_FUNCTION = re.compile(r"^\w+\(")  # choice(...), range(...), glob(...), ...
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_GROUPS = ("net", "solver", "devices", "experiment")
+_GROUPS = ("net", "solver", "formulation", "devices", "experiment")
 
 
 def prepare_argv(argv: list[str], conf: Path) -> list[str]:
@@ -81,7 +81,7 @@ def check_group_choices(argv: list[str], conf: Path) -> None:
     would print a multi-line listing)."""
     for arg in argv:
         _key, bare, value = _split(arg)
-        if "=" not in arg or bare not in ("net", "solver") or "(" in value:
+        if "=" not in arg or bare not in ("net", "solver", "formulation") or "(" in value:
             continue
         options = sorted(p.stem for p in (conf / bare).glob("*.yaml"))
         for choice in value.split(","):
@@ -372,10 +372,10 @@ def run_config_from(cfg: DictConfig) -> RunConfig:
             threads=_get(cfg, "solver.threads", int, optional=True),
             seed=_get(cfg, "solver.seed", int),
         ),
-        formulation=_get(cfg, "formulation", str),
-        max_computes=_get(cfg, "max_computes", int, default=2),
-        lp_bound=_get(cfg, "lp_bound", str, default="before"),
-        coarsen=_get(cfg, "coarsen", int, optional=True),
+        formulation=_get(cfg, "formulation.name", str),
+        max_computes=_get(cfg, "formulation.max_computes", int, default=2),
+        lp_bound=_get(cfg, "formulation.lp_bound", str, default="before"),
+        coarsen=_get(cfg, "formulation.coarsen", int, optional=True),
         strategies=as_tuple(cfg.strategy),
         execute=_get(cfg, "execute", bool),
         n_steps=_get(cfg, "n_steps", int),

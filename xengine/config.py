@@ -190,17 +190,19 @@ class RunConfig:
                 f"formulation={self.formulation!r} is not one of {', '.join(FORMULATIONS)}"
             )
         if self.max_computes < 1:
-            raise ConfigError(f"max_computes={self.max_computes} must be at least 1")
+            raise ConfigError(f"formulation.max_computes={self.max_computes} must be at least 1")
         if self.lp_bound not in LP_BOUND_MODES:
             raise ConfigError(
-                f"lp_bound={self.lp_bound!r} is not one of {', '.join(LP_BOUND_MODES)}"
+                f"formulation.lp_bound={self.lp_bound!r} is not one of {', '.join(LP_BOUND_MODES)}"
             )
         if self.coarsen is not None and self.coarsen < 1:
-            raise ConfigError(f"coarsen={self.coarsen} must be at least 1 (or null: off)")
+            raise ConfigError(
+                f"formulation.coarsen={self.coarsen} must be at least 1 (or null: off)"
+            )
         if self.coarsen is not None and "xengine" not in self.run_strategies:
             raise ConfigError(
-                f"coarsen={self.coarsen} applies to the xengine strategy, which this run does "
-                "not have: give two or more devices, or add xengine to strategy=[...]"
+                f"formulation.coarsen={self.coarsen} applies to the xengine strategy, which this "
+                "run does not have: give two or more devices, or add xengine to strategy=[...]"
             )
         opts = self.solver_options
         if opts.time_limit_s is not None and opts.time_limit_s <= 0:
