@@ -272,6 +272,10 @@ def test_experiment_composes_and_sets_only_known_keys(tmp_path, name):
         for entry in raw.get("defaults", []):
             (target, choice), *_ = entry.items()
             group = target.removeprefix("override /")
+            if isinstance(choice, list):  # several configs of one group (strategy=[...])
+                assert (conf / group).is_dir(), f"{name}: {group} is not a config group"
+                assert list(cfg[group]) == choice
+                continue
             assert group in groups, f"{name}: {group} is not a config group"
             assert cfg.hydra.runtime.choices[group] == choice
         params = OmegaConf.select(cfg, "hydra.sweeper.params") or {}

@@ -41,7 +41,7 @@ from xengine.units import MemorySpecError
 
 _HYDRA_FUNCTION = re.compile(r"^\w+\(")  # choice(...), range(...), glob(...), ...
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_GROUPS = ("net", "solver", "formulation", "devices", "experiment")
+_GROUPS = ("net", "solver", "strategy", "formulation", "devices", "experiment")
 
 
 def prepare_argv(argv: list[str], conf: Path) -> list[str]:
@@ -77,14 +77,16 @@ def _check_text(arg: str) -> None:
 
 
 def check_group_choices(argv: list[str], conf: Path) -> None:
-    """``net=foo`` / ``solver=foo`` with no ``conf/<group>/foo.yaml``: one line (Hydra itself
-    would print a multi-line listing)."""
+    """``net=foo`` / ``solver=foo`` / ``strategy=[checkmate,foo]`` with no
+    ``conf/<group>/foo.yaml``: one line (Hydra itself would print a multi-line listing)."""
     for arg in argv:
         _key, bare, value = _split(arg)
-        if "=" not in arg or bare not in ("net", "solver", "formulation") or "(" in value:
+        if "=" not in arg or bare not in ("net", "solver", "formulation", "strategy"):
+            continue
+        if "(" in value:
             continue
         options = sorted(p.stem for p in (conf / bare).glob("*.yaml"))
-        for choice in value.split(","):
+        for choice in _choices(value):
             if choice not in options:
                 hint = (
                     "; for another torchvision model keep a listed net and set net.name=<model>"
@@ -94,6 +96,15 @@ def check_group_choices(argv: list[str], conf: Path) -> None:
                 raise ConfigError(
                     f"unknown {bare} {choice!r}: choose one of {', '.join(options)}{hint}"
                 )
+
+
+def _choices(value: str) -> list[str]:
+    """The options named by a group override: ``a,b`` (a sweep), ``[a,b]`` (several at once,
+    the ``strategy`` group), or ``[a],[b,c]`` (a sweep of those)."""
+    out = []
+    for part in split_top(value):
+        out += [c.strip() for c in part.strip().strip("[]").split(",") if c.strip()]
+    return out
 
 
 def _check_value_shape(arg: str) -> None:
@@ -305,6 +316,17 @@ def as_tuple(value: Any) -> tuple[str, ...]:
     return tuple(s.strip() for s in re.split(r"[,+]", str(value)))
 
 
+def strategies_of(cfg: DictConfig) -> tuple[str, ...]:
+    """The strategies chosen from the ``strategy`` group (``conf/strategy/<name>.yaml`` each
+    adds the key ``<name>``), in the order given; a plain list where a config sets one."""
+    node = OmegaConf.select(cfg, "strategy")
+    if node is None:
+        return ()
+    if isinstance(node, DictConfig):
+        return tuple(str(k) for k in node)
+    return as_tuple(node)
+
+
 def devices_of(cfg: DictConfig) -> tuple[str, ...]:
     """The device mix: the ``devices`` group (``names: [cpu2, cpu1]``, or ``auto``: every
     device torch sees), or a plain list or ``+``-joined string where a config sets
@@ -376,7 +398,7 @@ def run_config_from(cfg: DictConfig) -> RunConfig:
         max_computes=_get(cfg, "formulation.max_computes", int, default=2),
         lp_bound=_get(cfg, "formulation.lp_bound", str, default="before"),
         coarsen=_get(cfg, "formulation.coarsen", int, optional=True),
-        strategies=as_tuple(cfg.strategy),
+        strategies=strategies_of(cfg),
         execute=_get(cfg, "execute", bool),
         n_steps=_get(cfg, "n_steps", int),
         warmup=_get(cfg, "warmup", int),

@@ -32,6 +32,7 @@ from xengine.commandline import (
     mem_and_devices,
     one_device_note,
     run_config_from,
+    strategies_of,
 )
 from xengine.config import ConfigError, RunConfig
 from xengine.graph.types import GraphError
@@ -268,6 +269,7 @@ def _start(tracker: Tracker, cfg: DictConfig) -> None:
     mem, devices = mem_and_devices(cfg)
     params.setdefault("mem", mem)  # one key whatever the shape of mem / devices in the config
     params.setdefault("devices", devices)
+    params["strategy"] = ",".join(strategies_of(cfg))  # the group's keys: checkmate,chen_sqrtn
     tracker.params(params)
     tracker.text_artifact(config_yaml(cfg), "config.yaml")
 
