@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -270,16 +271,19 @@ def sweep_id_of(hydra_cfg: Any) -> str:
 def sweep_size(hydra_cfg: Any) -> int | None:
     """How many points Hydra's basic sweeper makes of this multirun: the product of the sweep
     values of ``hydra.sweeper.params`` and the command line (which wins for the same key), as
-    the sweeper itself expands them. ``None`` when they cannot be parsed here."""
+    the sweeper itself expands them (one point per combination of the discrete sweeps), with
+    Hydra's public override parser. ``None`` when they cannot be parsed here."""
     try:
-        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
         params = hydra_cfg.sweeper.get("params") or {}
         overrides = [f"{k}={v}" for k, v in params.items()]
         overrides += list(hydra_cfg.overrides.task)
-        parsed = OverridesParser.create().parse_overrides(overrides)
-        return sum(len(batch) for batch in BasicSweeper.split_arguments(parsed, None))
+        counts: dict[str, int] = {}
+        for o in OverridesParser.create().parse_overrides(overrides):
+            sweep = o.is_sweep_override() and o.is_discrete_sweep()
+            counts[o.get_key_element()] = len(list(o.sweep_string_iterator())) if sweep else 1
+        return math.prod(counts.values())
     except Exception as exc:  # a progress line is not worth failing a sweep for
         log.debug("sweep size unknown: %s", exc)
         return None
