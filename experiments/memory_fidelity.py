@@ -25,7 +25,6 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -38,6 +37,7 @@ from xengine.profile.profiler import apply_profile, profile_model  # noqa: E402
 from xengine.records.plots import save_figure  # noqa: E402
 from xengine.schedule import keep_all_schedule  # noqa: E402
 from xengine.solvers import SolverOptions  # noqa: E402
+from xengine.torch_state import TorchState  # noqa: E402
 
 log = logging.getLogger("memory_fidelity")
 NETS = ("resnet18", "resnet34", "resnet50", "vgg16", "googlenet", "mobilenet_v2")
@@ -48,13 +48,8 @@ MIB = 2**20
 def _measure(cap, inst, sched) -> tuple[int, int]:
     """(predicted, measured) activation peak of ``sched``, from one step under the profiler,
     the module and the random state left as they were."""
-    buffers0 = [b.detach().clone() for b in cap.module.buffers()]
-    rng0 = torch.get_rng_state()
-    res = execute(cap, inst, sched, n_steps=1, warmup=0)
-    torch.set_rng_state(rng0)
-    with torch.no_grad():
-        for b, b0 in zip(cap.module.buffers(), buffers0, strict=True):
-            b.copy_(b0)
+    with TorchState(cap.module.buffers()):
+        res = execute(cap, inst, sched, n_steps=1, warmup=0)
     return res.predicted_peak_bytes["cpu"], res.peak_bytes["cpu"]
 
 
@@ -63,9 +58,8 @@ def measure_net(net: str, batch: int, image: int, time_limit_s: float) -> dict:
     cap = capture_net(net, batch, image_size=image)
     prof = profile_model(cap, ("cpu",), repeats=3, warmup=1, progress=False)
     graph = apply_profile(cap.graph, prof)
-    rng0 = torch.get_rng_state()
-    plain = reference_step(cap, n_steps=1, warmup=0).peak_bytes["cpu"]
-    torch.set_rng_state(rng0)
+    with TorchState():
+        plain = reference_step(cap, n_steps=1, warmup=0).peak_bytes["cpu"]
     inst = Instance.single(graph, "cpu", None)
     ka_pred, ka_meas = _measure(cap, inst, keep_all_schedule(inst))
     row = {

@@ -70,6 +70,7 @@ from xengine.graph.types import CopyModel
 from xengine.problem import Instance
 from xengine.schedule import Schedule
 from xengine.simulate import Op, simulate
+from xengine.torch_state import TorchState, rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
 
@@ -128,17 +129,6 @@ def available_devices() -> tuple[str, ...]:
     """Every device torch sees: ``cpu``, and ``cuda`` when a CUDA device is present (what
     ``devices=auto`` runs on)."""
     return ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
-
-
-def _get_rng(dev: torch.device) -> torch.Tensor:
-    return torch.cuda.get_rng_state(dev) if dev.type == "cuda" else torch.get_rng_state()
-
-
-def _set_rng(dev: torch.device, state: torch.Tensor) -> None:
-    if dev.type == "cuda":
-        torch.cuda.set_rng_state(state, dev)
-    else:
-        torch.set_rng_state(state)
 
 
 def _sync(devs: Sequence[DeviceSpec]) -> None:
@@ -455,18 +445,22 @@ class _Runtime:
             else:
                 leaves.append(alias_leaf(t, False))
         handles: list[_Saved] = []
-        restore_rng = None
-        buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
+        # a recomputation leaves no trace: the random state it replays and the buffers it
+        # updates are put back after it
+        kept = None
+        if not first and (spec.stochastic or spec.mutates_buffers):
+            kept = TorchState(
+                self.roots[d].get_submodule(spec.module_path).buffers()
+                if spec.mutates_buffers
+                else (),
+                rng=(dev,) if spec.stochastic else (),
+            )
         if spec.stochastic:
             if first:
-                self.rng_states[v] = _get_rng(dev)
+                self.rng_states[v] = rng_state(dev)
                 self.first_fwd_device[v] = d
             else:
-                restore_rng = _get_rng(dev)
-                _set_rng(dev, self.rng_states[v])
-        if spec.mutates_buffers and not first:
-            mod = self.roots[d].get_submodule(spec.module_path)
-            buffers = [(b, b.detach().clone()) for b in mod.buffers()]
+                set_rng_state(dev, self.rng_states[v])
         if first and spec.mutates_buffers:
             self.first_fwd_device[v] = d
         grad_mode = nullcontext() if torch.is_grad_enabled() else torch.enable_grad()
@@ -488,12 +482,8 @@ class _Runtime:
                     y = y.clone()
                     out_ptr = y.untyped_storage().data_ptr()
         finally:
-            if restore_rng is not None:
-                _set_rng(dev, restore_rng)
-            if buffers:
-                with torch.no_grad():
-                    for b, b0 in buffers:
-                        b.copy_(b0)
+            if kept is not None:
+                kept.restore()
         # saved tensors that alias an input or the output become lookups
         state = _State(GradientEdge(y.grad_fn, y.output_nr) if y.requires_grad else None)
         for h in handles:
@@ -1092,14 +1082,16 @@ class CompiledSchedule:
         self.dspecs = [rt.specs[d] for d in self.devices]
         self.cpu_devices = [d for d in self.devices if not rt.specs[d].is_cuda]
         self.cuda_devices = [d for d in self.devices if rt.specs[d].is_cuda]
-        self._buffers0 = [(b, b.detach().clone()) for b in captured.gm.buffers()]
+        # every step starts here: the module's buffers, the random state of each device used
+        # and of the CPU; the device copies of the model take the module's buffers
+        self._start = TorchState(
+            captured.gm.buffers(), rng=[*(s.torch_device for s in self.dspecs), "cpu"]
+        )
         self._copies = [
             (list(r.buffers()), list(captured.gm.buffers()))
             for r in rt._roots_unique
             if r is not captured.gm
         ]
-        self._rng0 = {str(s.torch_device): _get_rng(s.torch_device) for s in self.dspecs}
-        self._rng0.setdefault("cpu", torch.get_rng_state())
         self._threads0 = torch.get_num_threads()
         self.program = compile_program(rt, self.sim.ops, fuse=fuse)
 
@@ -1114,14 +1106,11 @@ class CompiledSchedule:
         torch.set_num_threads(self._threads0)
 
     def _restore(self) -> None:
+        self._start.restore()
         with torch.no_grad():
-            for b, b0 in self._buffers0:
-                b.copy_(b0)
             for dst, src in self._copies:
                 for b, b0 in zip(dst, src, strict=True):
                     b.copy_(b0)
-        for name, state in self._rng0.items():
-            _set_rng(torch.device(name), state)
 
     def run(self, labelled: bool = False) -> None:
         """One step, not synchronised (``labelled``: inside profiler labels, for memory)."""
@@ -1325,8 +1314,7 @@ class PlainStep:
         for p in self.params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        self._buffers0 = [(b, b.detach().clone()) for b in self.module.buffers()]
-        self._rng0 = _get_rng(dev)
+        self._start = TorchState(self.module.buffers(), rng=(dev,))
         self._threads0 = torch.get_num_threads()
         self.loss: torch.Tensor | None = None
 
@@ -1346,12 +1334,10 @@ class PlainStep:
     def run(self, labelled: bool = False) -> None:
         if self.spec.threads is not None and torch.get_num_threads() != self.spec.threads:
             torch.set_num_threads(self.spec.threads)
+        self._start.restore()
         with torch.no_grad():
-            for b, b0 in self._buffers0:
-                b.copy_(b0)
             for p in self.params:
                 p.grad.zero_()
-        _set_rng(self.dev, self._rng0)
         ctx = (
             torch.profiler.record_function(f"{LABEL_PREFIX}ref|{self.device}|0")
             if labelled

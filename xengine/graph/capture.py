@@ -42,6 +42,7 @@ import torch.fx as fx
 from torch import nn
 
 from xengine.graph.types import Edge, Graph, GraphError, Node
+from xengine.torch_state import TorchState
 
 log = logging.getLogger(__name__)
 
@@ -325,12 +326,8 @@ def capture(
         )
 
     # the capture run must leave the module and the random state as they were
-    buffers0 = [(b, b.detach().clone()) for b in gm.buffers()]
-    with torch.random.fork_rng(devices=[]):
+    with TorchState(gm.buffers()):
         specs, out_spec = _trace_ops(gm, x_node, out_arg, example_input, target, mode, name)
-    with torch.no_grad():
-        for b, b0 in buffers0:
-            b.copy_(b0)
 
     graph = _build_graph(gm, specs, example_input, target, mode, name)
     cap = CapturedModel(
@@ -442,7 +439,7 @@ def _trace_ops(
             return saved[i]
 
         run = spec.bind(gm)
-        rng0 = torch.get_rng_state()
+        rng0 = TorchState()  # compared with afterwards: did the op draw random numbers?
         versions0 = (
             [b._version for b in gm.get_submodule(module_path).buffers()] if module_path else []
         )
@@ -501,7 +498,7 @@ def _trace_ops(
         spec.output_shape = tuple(y.shape)
         spec.output_dtype = str(y.dtype).removeprefix("torch.")
         spec.clone_output = bool(clone)
-        spec.stochastic = not torch.equal(rng0, torch.get_rng_state())
+        spec.stochastic = rng0.rng_moved()
         spec.mutates_buffers = bool(
             module_path
             and [b._version for b in gm.get_submodule(module_path).buffers()] != versions0
@@ -727,7 +724,8 @@ def capture_net(
     # capture then fails with our one line, so the warnings wait for its outcome
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with torch.random.fork_rng(devices=[]):
+        # the CPU generator is put back (manual_seed seeds CUDA's too, left seeded)
+        with TorchState():
             torch.manual_seed(seed)
             module = _build_net(net, num_classes, image_size)
         gen = torch.Generator().manual_seed(seed)

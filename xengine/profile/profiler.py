@@ -37,6 +37,7 @@ from xengine.files import read_json
 from xengine.graph.capture import CapturedModel
 from xengine.graph.types import CopyModel, Graph
 from xengine.limits import MAX_COST_S, MAX_TENSOR_BYTES
+from xengine.torch_state import TorchState, every_rng_device
 
 log = logging.getLogger(__name__)
 
@@ -332,10 +333,9 @@ def _measure(
     from xengine.profile.workspace import measure_workspace_bytes
 
     g = captured.graph
-    buffers0 = [(b, b.detach().clone()) for b in captured.gm.buffers()]
-    grads0 = {id(p): p.grad for p in captured.module.parameters()}
-    rng_cpu = torch.get_rng_state()
-    rng_cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    start = TorchState(
+        captured.gm.buffers(), rng=every_rng_device(), grads_of=captured.module.parameters()
+    )
     threads0 = torch.get_num_threads()
     rt = _Runtime(captured, devices)
     compute_s: dict[str, dict[str, float]] = {}
@@ -365,14 +365,7 @@ def _measure(
         bar.close()
         rt.reset()
         torch.set_num_threads(threads0)
-        torch.set_rng_state(rng_cpu)
-        if rng_cuda is not None:
-            torch.cuda.set_rng_state_all(rng_cuda)
-        with torch.no_grad():
-            for b, b0 in buffers0:
-                b.copy_(b0)
-        for p in captured.module.parameters():
-            p.grad = grads0.get(id(p))
+        start.restore()
     return compute_s, copy, workspace
 
 

@@ -30,6 +30,7 @@ from xengine.graph.capture import CapturedModel
 from xengine.problem import Instance
 from xengine.schedule import keep_all_schedule
 from xengine.simulate import Op, simulate
+from xengine.torch_state import TorchState
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +104,7 @@ def measure_workspace_bytes(captured: CapturedModel, device: str = "cpu") -> lis
     costless = g.with_costs({device: {v.name: 0.0 for v in g.nodes}})
     inst = Instance.single(costless, device, budget_bytes=None)
     ops = simulate(inst, keep_all_schedule(inst)).ops
-    buffers0 = [(b, b.detach().clone()) for b in captured.gm.buffers()]
-    grads0 = {id(p): p.grad for p in captured.module.parameters()}
-    rng0 = torch.get_rng_state()
+    start = TorchState(captured.gm.buffers(), grads_of=captured.module.parameters())
     threads0 = torch.get_num_threads()
     rt = _Runtime(captured, [device])
     rt.zero_grads()
@@ -117,12 +116,7 @@ def measure_workspace_bytes(captured: CapturedModel, device: str = "cpu") -> lis
     finally:
         rt.reset()
         torch.set_num_threads(threads0)
-        torch.set_rng_state(rng0)
-        with torch.no_grad():
-            for b, b0 in buffers0:
-                b.copy_(b0)
-        for p in captured.module.parameters():
-            p.grad = grads0.get(id(p))
+        start.restore()
     left = g.output_bytes + g.state_bytes
     return [max(0, int(windows.get(v, 0)) - int(left[v])) for v in range(n)]
 
