@@ -56,23 +56,15 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from xengine.records.tracking import resolve_tracking_uri  # noqa: E402
+from xengine.solvers.model import SOLUTION_STATUSES  # noqa: E402
+from xengine.strategies.registry import SINGLE_DEVICE  # noqa: E402
 
 log = logging.getLogger("figures")
 
 MIB = 2**20
-FITS = ("optimal", "feasible")
-SOLVER_STRATEGIES = ("checkmate", "lp_rounding", "xengine")
+SOLVER_STRATEGIES = ("checkmate", "lp_rounding", "xengine")  # their solve time is a solver's
 COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-STRATEGY_ORDER = (
-    "xengine",
-    "checkmate",
-    "lp_rounding",
-    "checkpoint_all",
-    "chen_sqrtn",
-    "chen_greedy",
-    "recompute_greedy",
-    "pytorch",
-)
+STRATEGY_ORDER = ("xengine", *SINGLE_DEVICE, "pytorch")
 
 
 # ------------------------------------------------------------------------------ records
@@ -110,7 +102,7 @@ class RunRecord:
         """The label's schedule is within its budget (its status, else its peak)."""
         status = self.status_of(label)
         if status:
-            return status in FITS
+            return status in SOLUTION_STATUSES
         peak, budget = self.metric(label, "predicted_peak_mib"), self.metric(label, "budget_mib")
         return peak is not None and budget is not None and peak <= budget
 

@@ -83,3 +83,13 @@ def test_warm_start_considers_the_cost_aware_heuristic_at_each_devices_own_budge
     what, sched, t = warm_start(inst, [], options=SolverOptions(time_limit_s=10), mode="paper")
     assert t <= ours.sim.time_s + 1e-9
     assert what == "recompute_greedy on b (its own memory)"
+
+
+def test_the_registry_names_every_heuristic_of_the_baselines():
+    """The protocol's list of heuristics and the baselines' own table are the same names."""
+    from baselines.heuristics import HEURISTICS as TABLE
+    from xengine.strategies.registry import HEURISTICS, STRATEGIES, load
+
+    assert tuple(TABLE) == HEURISTICS
+    assert all(load(name) is TABLE[name] for name in HEURISTICS)
+    assert all(STRATEGIES[name].one_device for name in HEURISTICS)
