@@ -30,7 +30,7 @@ from xengine.problem import Instance
 from xengine.result import StrategyResult
 from xengine.simulate import ScheduleError, simulate
 from xengine.solvers import MilpModel, ProgressFn, SolverOptions, solve
-from xengine.solvers.model import relative_gap
+from xengine.solvers.model import SOLUTION_STATUSES, relative_gap
 from xengine.strategies.formulation import build
 from xengine.strategies.frontier import solve_frontier
 
@@ -279,7 +279,7 @@ def _frontier_answer(
 def _apply_bound(out: StrategyResult, bound_s: float | None, rel_gap: float) -> None:
     """Report the frontier bound where it beats the MILP's; an incumbent that meets it is
     proven optimal."""
-    if bound_s is None or out.objective_s is None or out.status not in ("optimal", "feasible"):
+    if bound_s is None or out.objective_s is None or out.status not in SOLUTION_STATUSES:
         return
     if out.best_bound_s is None or bound_s > out.best_bound_s:
         out.best_bound_s = min(bound_s, out.objective_s)

@@ -28,6 +28,7 @@ import numpy as np
 
 from xengine.problem import Instance
 from xengine.solvers import ModelBuilder, SolverOptions, solve
+from xengine.solvers.model import SOLUTION_STATUSES
 from xengine.strategies.formulation import build
 
 log = logging.getLogger(__name__)
@@ -185,7 +186,7 @@ def placement_bound_s(inst: Instance, options: SolverOptions | None = None) -> f
         time_limit_s=options.time_limit_s, rel_gap=1e-9, threads=1, seed=options.seed
     )
     sr = solve(b.build(), "highs", opts)
-    if sr.best_bound is None or sr.status not in ("optimal", "feasible"):
+    if sr.best_bound is None or sr.status not in SOLUTION_STATUSES:
         return None
     return max(float(sr.best_bound), 0.0) * scale
 
