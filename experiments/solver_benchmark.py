@@ -39,9 +39,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from xengine.checkpoints import min_feasible_budget_bytes  # noqa: E402
 from baselines.heuristics import best_fitting, run_heuristics  # noqa: E402
 from baselines.lp_rounding import solve_lp_rounding  # noqa: E402
+from experiments.formulation_variants import (  # noqa: E402
+    build_published,
+    build_symmetry_broken,
+    variant_lp_bound_s,
+)
+from xengine.checkpoints import min_feasible_budget_bytes  # noqa: E402
 from xengine.graph.synthetic import training_graph  # noqa: E402
 from xengine.graph.types import CopyModel, Graph  # noqa: E402
 from xengine.problem import Instance  # noqa: E402
@@ -52,20 +57,22 @@ from xengine.solvers import SolverOptions, SolverUnavailable  # noqa: E402
 from xengine.strategies.bounds import lp_bound_s, placement_bound_s  # noqa: E402
 from xengine.strategies.coarsen import coarsen, solve_coarse  # noqa: E402
 from xengine.strategies.distribute import start_candidates  # noqa: E402
+from xengine.strategies.formulation import build  # noqa: E402
 from xengine.strategies.solve import agree, solve_xengine  # noqa: E402
 
 log = logging.getLogger("solver_benchmark")
 
 FORMULATIONS: dict[str, dict] = {
     "default": {},
-    "reference": {"reference": True},
+    "reference": {"free_rows": "hazard"},
     "hazard": {"free_rows": "hazard"},
-    "symmetry": {"break_symmetry": True},
+    "symmetry": {},
     "intervals": {},
     "coarse2": {},
     "coarse3": {},
 }
-"""Name -> keyword arguments of :func:`xengine.strategies.formulation.build`. ``default`` is what
+"""Name -> keyword arguments of the formulation's builder (:data:`VARIANTS`, else
+:func:`xengine.strategies.formulation.build`). ``default`` is what
 :func:`xengine.strategies.solve.solve_xengine` builds for the solver (the tight FREE rows on the
 MILP
 solvers); ``hazard`` is the same reduced model with Checkmate's hazard-count FREE rows, the
@@ -77,6 +84,10 @@ the default MILP on the coarsened graph (:mod:`xengine.strategies.coarsen`, runs
 fused), its schedule expanded to the fine graph: its row's objective is the fine simulated
 time (an upper bound on the fine optimum, never a bound below it) and its model figures are
 the coarse model's."""
+VARIANTS = {"reference": build_published, "symmetry": build_symmetry_broken}
+"""Formulations built by the experiments' own builders (``experiments/formulation_variants.py``)
+instead of ``build``: ``reference`` is the published form, ``symmetry`` the default model in
+which the first of two twin devices starts."""
 COARSE = {"coarse2": 2, "coarse3": 3}
 
 BUDGETS = (("90%", 0.9), ("70%", 0.7), ("50%", 0.5), ("min", None))
@@ -283,20 +294,28 @@ def warm_schedule(inst: Instance):
 _LP_BOUNDS: dict[tuple, float | None] = {}
 
 
-def _lp_bound_once(inst: Instance, options: SolverOptions, bopts: dict) -> float | None:
-    """:func:`lp_bound_s` of one written form of one instance, solved once per run: the
-    default and coarse rows share the default model's relaxation. (A graph's name stands
-    for the graph: within one run each name is one graph with one set of costs.)"""
+def _lp_bound_once(
+    inst: Instance, options: SolverOptions, bopts: dict, formulation: str
+) -> float | None:
+    """:func:`lp_bound_s` of one written form of one instance (:func:`variant_lp_bound_s` for
+    :data:`VARIANTS`), solved once per run: the default and coarse rows share the default
+    model's relaxation. (A graph's name stands for the graph: within one run each name is
+    one graph with one set of costs.)"""
+    variant = VARIANTS.get(formulation)
     key = (
         inst.graph.name,
         inst.graph.size,
         inst.devices,
         inst.budget_bytes,
         tuple(sorted(bopts.items())),
+        None if variant is None else formulation,
         options.time_limit_s,
     )
     if key not in _LP_BOUNDS:
-        _LP_BOUNDS[key] = lp_bound_s(inst, options, bopts)
+        if variant is None:
+            _LP_BOUNDS[key] = lp_bound_s(inst, options, bopts)
+        else:
+            _LP_BOUNDS[key] = variant_lp_bound_s(inst, variant, options, bopts.get("free_rows"))
     return _LP_BOUNDS[key]
 
 
@@ -431,7 +450,13 @@ def run_one(
             if mode == "intervals" and (lp_alongside or not with_lp):
                 bopts = {**bopts, "lp_bound": "alongside" if lp_alongside else False}
             res = solve_xengine(
-                inst, solver=solver, mode=mode, options=options, warm_start=x0, build_options=bopts
+                inst,
+                solver=solver,
+                mode=mode,
+                options=options,
+                warm_start=x0,
+                build_options=bopts,
+                builder=VARIANTS.get(formulation, build),
             )
     except SolverUnavailable as exc:
         row.update(status="unavailable", note=str(exc).splitlines()[0])
@@ -488,7 +513,7 @@ def run_one(
     if mode == "intervals":  # solved inside solve_intervals, its time is in solve_s
         row["lp_bound_s"] = res.extra.get("lp_bound_s")
     elif with_lp and res.status in ("optimal", "feasible", "no_solution"):
-        row["lp_bound_s"] = _lp_bound_once(inst, options, bopts)
+        row["lp_bound_s"] = _lp_bound_once(inst, options, bopts, formulation)
     if res.status in ("optimal", "feasible", "no_solution"):
         pb = res.extra.get("placement_bound_s")
         row["placement_bound_s"] = pb if pb is not None else placement_bound_s(inst, options)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from experiments.formulation_variants import build_published, build_symmetry_broken
 from tests.helpers import RESIDUAL, copy_models, random_graph
 from xengine.graph.synthetic import chain, training_graph
 from xengine.problem import Instance
@@ -233,21 +234,29 @@ def test_reference_and_hazard_forms_have_the_default_optimum(seed):
         inst = Instance(g, devices, tuple([int(low + frac * (peak - low))] * len(devices)))
         default = solve_xengine(inst, options=OPTS)
         assert default.extra["build_options"] == {"free_rows": "tight"}
-        for opts in ({"reference": True}, {"free_rows": "hazard"}):
-            other = solve_xengine(inst, options=OPTS, build_options=opts)
-            assert other.status == default.status, opts
+        for builder, opts in (
+            (build_published, {"free_rows": "hazard"}),
+            (build, {"free_rows": "hazard"}),
+        ):
+            label = (builder.__name__, opts)
+            other = solve_xengine(inst, options=OPTS, build_options=opts, builder=builder)
+            assert other.status == default.status, label
             if default.status != "optimal":
                 continue
-            assert other.objective_s == pytest.approx(default.objective_s, rel=1e-7), opts
-            assert agree(other), opts
+            assert other.objective_s == pytest.approx(default.objective_s, rel=1e-7), label
+            assert agree(other), label
             assert other.sim.within_budget
         if frac == 1.0:
             # a valid schedule is a feasible point of every form, at its simulated cost
             ka = keep_all_schedule(inst)
-            for opts in ({"free_rows": "hazard"}, {"reference": True}, {"free_rows": "tight"}):
-                form = build(inst, **opts)
+            for builder, opts in (
+                (build, {"free_rows": "hazard"}),
+                (build_published, {}),
+                (build, {"free_rows": "tight"}),
+            ):
+                form = builder(inst, **opts)
                 x0 = form.assignment(ka)
-                assert form.model.max_violation(x0) < 1e-9, opts
+                assert form.model.max_violation(x0) < 1e-9, (builder.__name__, opts)
                 assert form.objective_s(x0) == pytest.approx(simulate(inst, ka).time_s)
 
 
@@ -262,8 +271,10 @@ def test_free_rows_follow_the_solver():
     assert solve_xengine(inst, "cpsat", options=opts).extra["build_options"] == {
         "free_rows": "hazard"
     }
-    ref = solve_xengine(inst, options=opts, build_options={"reference": True})
-    assert ref.extra["build_options"] == {"reference": True}
+    ref = solve_xengine(
+        inst, options=opts, build_options={"free_rows": "hazard"}, builder=build_published
+    )
+    assert ref.extra["build_options"] == {"free_rows": "hazard"}
     mine = solve_xengine(inst, options=opts, build_options={"free_rows": "hazard"})
     assert mine.extra["build_options"] == {"free_rows": "hazard"}
 
@@ -271,14 +282,14 @@ def test_free_rows_follow_the_solver():
 def test_reference_model_is_larger_and_has_stage_rows():
     g = random_graph(1)
     inst = Instance(g, ("a", "b"), (10**9, 10**9))
-    d, r = build(inst), build(inst, reference=True)
+    d, r = build(inst), build_published(inst)
     n, E = g.size, len(g.edges)
     assert r.model.n_vars > d.model.n_vars
     assert (r.Rix >= 0).all() and (r.Six >= 0).all() and (r.Uix >= 0).all()
     assert (r.Fix >= 0).sum() == 2 * n * E
     assert (d.Six[:, np.triu_indices(n)[0], np.triu_indices(n)[1]] == -1).all()
     with pytest.raises(ValueError):
-        build(inst, reference=True, free_rows="tight")
+        build_published(inst, free_rows="tight")
     with pytest.raises(ValueError):
         build(inst, free_rows="nope")
 
@@ -294,7 +305,7 @@ def test_paper_mode_reference_and_default_agree(seed):
     for frac in (1.0, 0.5, 0.0):
         inst = Instance(g, devices, tuple([int(low + frac * (peak - low))] * 2))
         a = solve_xengine(inst, mode="paper", options=OPTS)
-        b = solve_xengine(inst, mode="paper", options=OPTS, build_options={"reference": True})
+        b = solve_xengine(inst, mode="paper", options=OPTS, builder=build_published)
         assert a.status == b.status
         if a.status == "optimal":
             assert a.objective_s == pytest.approx(b.objective_s, rel=1e-7)
@@ -313,14 +324,14 @@ def _twins(seed: int):
 
 
 def test_twins_are_recognised():
-    from xengine.strategies.formulation import twin_of_first
+    from experiments.formulation_variants import twin_of_first
 
     g = _twins(0)
     assert twin_of_first(Instance(g, ("a", "a2"), (10**6, 10**6)))
     assert not twin_of_first(Instance(g, ("a", "a2"), (10**6, 10**6 - 1)))  # other budget
     assert not twin_of_first(Instance(random_graph(0), ("a", "b"), (10**6, 10**6)))
     inst = Instance(g, ("a", "a2"), (10**6, 10**6))
-    fixed = build(inst, break_symmetry=True)
+    fixed = build_symmetry_broken(inst)
     r000 = fixed.Rix[0, 0, 0]
     assert fixed.model.lb[r000] == 1.0  # the first twin computes node 0 in stage 0
     assert build(inst).model.lb[r000] == 0.0
@@ -334,7 +345,7 @@ def test_breaking_the_symmetry_of_twins_keeps_the_optimum(seed):
     for frac in (1.0, 0.4, 0.0):
         inst = Instance(g, ("a", "a2"), (int(low + frac * (peak - low)),) * 2)
         plain = solve_xengine(inst, options=OPTS)
-        broken = solve_xengine(inst, options=OPTS, build_options={"break_symmetry": True})
+        broken = solve_xengine(inst, options=OPTS, builder=build_symmetry_broken)
         assert plain.status == broken.status
         if plain.status == "optimal":
             assert broken.objective_s == pytest.approx(plain.objective_s, rel=1e-7)

@@ -27,14 +27,13 @@ and the simulator rejects it). The rows below run over *tensors* (values, then s
 they are about residency and freeing, and over nodes where they are about computing. Value
 edges with ``copyable=False`` (version-1 graphs) are local in both modes too.
 
-Two switches change how the same model is written, never its optimum:
+The default model is the reduced form of the published one, never a different optimum: it
+allocates only the triangle (R for i <= t, S for i < t, U up to the frontier), fixes the
+frontier by bounds on one device and fixes R at zero on devices whose budget cannot hold a
+node. The published form (full T x n matrices, the stage structure as rows) and the
+symmetry-broken form are experiments' variants, built from the same row families by
+``experiments/formulation_variants.py``.
 
-``reference=True``: the formulation as published, for side-by-side speed measurements
-    (issue 5): full T x n matrices for R, S, U (and Z) and FREE over every (t, e), the stage
-    structure (R above the diagonal, S on and above it) fixed by *rows*, hazard-count FREE
-    rows over every later reader, and none of the reductions of the default model (the
-    triangular allocation, the frontier fixed by bounds on one device, R fixed at zero on
-    devices whose budget cannot hold a node). Slow by design; never the default.
 ``free_rows="tight"``: FREE as an AND linearisation instead of the hazard count: F continuous
     in [0, 1], ``F <= c`` for every condition ``c`` and ``F >= sum(c) - (k - 1)``. At integer
     R, S the rows force F to the same 0/1 value as the hazard rows, and the LP relaxation is
@@ -47,11 +46,16 @@ Two switches change how the same model is written, never its optimum:
     :func:`xengine.strategies.bounds.lp_bound_s` apply it
     when not told otherwise); ``build`` itself keeps ``hazard`` as its default, the published
     rows, which Checkmate's baseline and its LP rounding use.
-``break_symmetry=True``: when devices are interchangeable (:func:`twin_of_first`: same costs,
-    budget and copy costs as the first device), any schedule stays a schedule of the same cost
-    when two of them swap roles, so the first device may be the one that computes node 0 in
-    stage 0: ``R[0, 0, 0]`` is fixed at 1. It removes the mirror image of every schedule in
-    which a twin computes node 0, never an optimum's cost.
+
+How it is built: :func:`start` sets the scaled data and which cells get variables, one
+``add_*`` function per row family adds its columns and rows in a fixed order (the order is
+part of the model: warm starts and solver logs index by it), and :func:`finish` emits the
+:class:`Formulation`. :func:`build` is that composition. Equation numbers: Checkmate's 1-9
+as docs/design.md section 6 numbers them (1 objective, 2 dependencies, 3 persistence, 4 memory at
+a stage's start, 5 memory recurrence, 6 FREE, 7 its hazard-count linearisation, 8 the
+frontier-advancing stages, 9 the budget); XEngine's constraints 1-11 as
+shared/reference/xengine-paper-and-code.md section 1.4 numbers them (the paper's section 4
+model, read from its figure and its code).
 """
 
 from __future__ import annotations
@@ -237,49 +241,6 @@ def _tensors(g, edges) -> _Tensors:
     return _Tensors(prod, nbytes, state_nodes, tau, later)
 
 
-def twin_of_first(inst: Instance) -> bool:
-    """Whether some other device is interchangeable with the first: the same compute costs
-    and budget, and copy costs that do not change when the two swap roles."""
-    C, CP, budgets = inst.compute_s, inst.copy_s, inst.budgets
-    for d in range(1, inst.n_devices):
-        perm = np.arange(inst.n_devices)
-        perm[[0, d]] = perm[[d, 0]]
-        if (
-            np.array_equal(C[0], C[d])
-            and budgets[0] == budgets[d]
-            and np.array_equal(CP, CP[np.ix_(perm, perm)])
-        ):
-            return True
-    return False
-
-
-def _state_rows(b: ModelBuilder, Rix: np.ndarray, Aix: np.ndarray, D: int, T: int) -> None:
-    """A state persists only where it was (SA[d,t+1,v] <= R[d,t,v] + SA[d,t,v]) and is never
-    kept into a stage that makes it anew (R[d,t,v] + SA[d,t,v] <= 1)."""
-    at, ai = np.nonzero(Aix[0] >= 0)  # t > v for a forward node v with a state
-    k = at.size
-    rows = np.arange(k)
-    for d in range(D):
-        b.add_rows(
-            "state_persistence",
-            k,
-            np.concatenate([rows, rows, rows]),
-            np.concatenate([Aix[d, at, ai], Rix[d, at - 1, ai], Aix[d, at - 1, ai]]),
-            np.concatenate([np.ones(k), -np.ones(k), -np.ones(k)]),
-            -np.inf,
-            0.0,
-        )
-        b.add_rows(
-            "state_presence",
-            k,
-            np.concatenate([rows, rows]),
-            np.concatenate([Rix[d, at, ai], Aix[d, at, ai]]),
-            1.0,
-            -np.inf,
-            1.0,
-        )
-
-
 def default_free_rows(solver: str) -> str:
     """The FREE rows to build for ``solver`` when the caller states none.
 
@@ -298,216 +259,401 @@ def default_free_rows(solver: str) -> str:
     return "hazard" if solver.lower() == "cpsat" else "tight"
 
 
-def build(
+@dataclass
+class Draft:
+    """The model while its row families are added: :func:`start` makes it, each ``add_*``
+    function adds its columns and rows, :func:`finish` turns it into a :class:`Formulation`.
+
+    Memory is counted in units of ``mem_scale`` bytes (the largest tensor: ``*_mu`` arrays)
+    and time in units of ``time_scale`` seconds (the slowest op: ``*_tu``), so coefficients
+    stay near 1, where the solvers' tolerances are meant to work. Index arrays hold a
+    variable's column, or -1 where the variable does not exist (the builder drops those
+    entries from rows), and are ``None`` until their family has run.
+    """
+
+    inst: Instance
+    mode: str
+    linearize: bool
+    tight: bool  # free_rows == "tight"
+    b: ModelBuilder
+    started_s: float  # time.perf_counter() when the build started
+    edges: tuple  # value edges, then state edges: the E axis
+    tz: _Tensors
+    src: np.ndarray  # (E,) the node that makes the tensor an edge reads
+    dst: np.ndarray  # (E,) the node that reads it
+    copyable: np.ndarray  # (E,) bool
+    r_cells: np.ndarray  # (T, n) bool: where R, Z and U have columns
+    s_cells: np.ndarray  # (T, n) bool: where S has columns
+    te_t: np.ndarray  # the (stage, edge) pairs that get FREE and dependency rows
+    te_e: np.ndarray
+    mem_scale: float
+    time_scale: float
+    value_mu: np.ndarray  # (n,) each node's value
+    made_mu: np.ndarray  # (n,) what computing node k leaves: its value and its state
+    tensor_mu: np.ndarray  # (n_tensors,) values, then states
+    workspace_mu: np.ndarray  # (D, n)
+    budget_mu: np.ndarray  # (D,)
+    compute_tu: np.ndarray  # (D, n)
+    copy_tu: np.ndarray  # (D, D, n) copying node i's value from device a to device b
+    footprint_bytes: np.ndarray  # (D, n) what must be on a device at once to run a node
+    cannot_run: np.ndarray  # (D, n) bool: the footprint exceeds the device's budget
+    Rix: np.ndarray | None = None
+    Six: np.ndarray | None = None
+    Aix: np.ndarray | None = None  # states' residency (graphs with states)
+    SXix: np.ndarray | None = None  # (D, T, n_tensors) residency of every tensor: S, then SA
+    Zix: np.ndarray | None = None  # presence, paper mode with D >= 2
+    Xix: np.ndarray | None = None
+    Yix: np.ndarray | None = None  # (D, D, T, E) copy source, exact mode with D >= 3
+    Fix: np.ndarray | None = None
+    Uix: np.ndarray | None = None
+
+    @property
+    def D(self) -> int:
+        return self.inst.n_devices
+
+    @property
+    def T(self) -> int:
+        return self.r_cells.shape[0]
+
+    @property
+    def multi(self) -> bool:
+        return self.inst.n_devices >= 2
+
+    @property
+    def blocked_nodes(self) -> np.ndarray:
+        """Nodes that fit on no device: the model is infeasible as built."""
+        return np.flatnonzero(self.cannot_run.all(axis=0))
+
+    def alloc(self, cells: np.ndarray, lb: float, ub: float, integer: bool) -> np.ndarray:
+        """One variable per device and cell, device by device: a (D, *cells.shape) index."""
+        ix = np.full((self.D,) + cells.shape, -1, dtype=np.int64)
+        count = int(cells.sum())
+        for d in range(self.D):
+            ix[d][cells] = self.b.add_vars(count, lb, ub, integer)
+        return ix
+
+
+def start(
     inst: Instance,
     mode: str = "exact",
     linearize: bool = True,
-    reference: bool = False,
     free_rows: str = "hazard",
-    break_symmetry: bool = False,
-) -> Formulation:
-    """Build the model for ``inst``. See the module docstring for the two modes and for
-    ``reference`` (the published form, unreduced), ``free_rows`` (hazard | tight) and
-    ``break_symmetry``."""
+    full_matrices: bool = False,
+    name: str | None = None,
+) -> Draft:
+    """An empty model for ``inst``: the data scaled to the model's units, and the cells that
+    get variables.
+
+    ``full_matrices`` gives every (t, i) and (t, e) its variables and rows, as Checkmate and
+    XEngine publish the model; the stage structure (eq. 8) is then left to rows the caller
+    adds. By default only the cells that eq. 8 leaves free get any: R for i <= t, S for
+    i < t, FREE and dependency rows for edges whose reader is at or before the frontier.
+    """
     if mode not in MODES:
         raise ValueError(f"formulation mode {mode!r} is not one of {MODES}")
     if free_rows not in FREE_ROWS:
         raise ValueError(f"free_rows {free_rows!r} is not one of {FREE_ROWS}")
-    if reference and (free_rows != "hazard" or break_symmetry):
-        raise ValueError(
-            "reference=True is the published model: it uses free_rows='hazard' and no "
-            "symmetry breaking"
-        )
-    t0 = time.perf_counter()
+    started_s = time.perf_counter()
     g = inst.graph
     D, n = inst.n_devices, g.size
     T = n
     edges = g.value_edges + g.state_edges
     tz = _tensors(g, edges)
     m = g.output_bytes.astype(float)
-    wsp = inst.workspace_bytes.astype(float)  # (D, n): measured per device
     mem_scale = float(max(tz.bytes.max(), 1.0))
-    mb = m / mem_scale
-    madeb = (m + g.state_bytes) / mem_scale  # what computing node k leaves: value + state
-    mtb = tz.bytes / mem_scale  # per tensor
-    wb = wsp / mem_scale
-    budgets = np.minimum(inst.budgets.astype(float) / mem_scale, 1e12)
-    C = inst.compute_s
-    time_scale = float(max(C.max(), 1e-12))
-    Cs = C / time_scale
-    src = np.array([e.src for e in edges], dtype=np.int64)  # the node that makes the tensor
+    time_scale = float(max(inst.compute_s.max(), 1e-12))
+    src = np.array([e.src for e in edges], dtype=np.int64)
     dst = np.array([e.dst for e in edges], dtype=np.int64)
-    tau = tz.tau  # the tensor read: a value (= src) or a state (n + k)
-    copyable = np.array([e.copyable for e in edges], dtype=bool)
-    E = len(src)
-    multi = D >= 2
-
-    tag = "-reference" if reference else ("-tight" if free_rows == "tight" else "")
-    b = ModelBuilder(f"xengine-{mode}{tag}-{g.name}-D{D}")
-    stage_le = np.tril(np.ones((T, n), dtype=bool))  # i <= t: R may be nonzero
-    stage_lt = np.tril(np.ones((T, n), dtype=bool), k=-1)  # i < t: S may be nonzero
-    if reference:
-        # every (t, i) gets a variable and every row family runs over all of them; the stage
-        # structure is imposed by the fixing rows below
-        tri_le = np.ones((T, n), dtype=bool)
-        tri_lt = np.ones((T, n), dtype=bool)
+    if full_matrices:
+        r_cells = s_cells = np.ones((T, n), dtype=bool)
+        te_t, te_e = np.nonzero(np.ones((T, len(edges)), dtype=bool))
     else:
-        tri_le, tri_lt = stage_le, stage_lt
+        r_cells = np.tril(np.ones((T, n), dtype=bool))
+        s_cells = np.tril(np.ones((T, n), dtype=bool), k=-1)
+        te_t, te_e = np.nonzero(dst[None, :] <= np.arange(T)[:, None])
+    footprint = np.stack([g.node_lower_bound_bytes(dv) for dv in inst.devices])
+    tag = "-tight" if free_rows == "tight" else ""
+    return Draft(
+        inst=inst,
+        mode=mode,
+        linearize=linearize,
+        tight=free_rows == "tight",
+        b=ModelBuilder(name or f"xengine-{mode}{tag}-{g.name}-D{D}"),
+        started_s=started_s,
+        edges=edges,
+        tz=tz,
+        src=src,
+        dst=dst,
+        copyable=np.array([e.copyable for e in edges], dtype=bool),
+        r_cells=r_cells,
+        s_cells=s_cells,
+        te_t=te_t,
+        te_e=te_e,
+        mem_scale=mem_scale,
+        time_scale=time_scale,
+        value_mu=m / mem_scale,
+        made_mu=(m + g.state_bytes) / mem_scale,
+        tensor_mu=tz.bytes / mem_scale,
+        workspace_mu=inst.workspace_bytes.astype(float) / mem_scale,
+        budget_mu=np.minimum(inst.budgets.astype(float) / mem_scale, 1e12),
+        compute_tu=inst.compute_s / time_scale,
+        copy_tu=inst.copy_s / time_scale,
+        footprint_bytes=footprint,
+        cannot_run=footprint > inst.budgets[:, None],
+    )
 
-    def alloc(mask2d: np.ndarray, lb: float, ub: float, integer: bool) -> np.ndarray:
-        ix = np.full((D,) + mask2d.shape, -1, dtype=np.int64)
-        cnt = int(mask2d.sum())
-        for d in range(D):
-            ix[d][mask2d] = b.add_vars(cnt, lb, ub, integer)
-        return ix
 
-    Rix = alloc(tri_le, 0, 1, True)
-    Six = alloc(tri_lt, 0, 1, True)
-    Aix = None
-    SX = Six  # residency of every tensor: values, then states
+def add_variables(dr: Draft) -> None:
+    """R (compute) and S (keep) per device, stage and node, the states' residency SA, and in
+    paper mode with several devices the presence Z (the variables of XEngine's section 4).
+
+    SA runs over the triangle even in the published form: states are ours, not the papers',
+    and a state can only be kept into a stage after the one that made it.
+    """
+    g, n = dr.inst.graph, dr.inst.graph.size
+    dr.Rix = dr.alloc(dr.r_cells, 0, 1, True)
+    dr.Six = dr.alloc(dr.s_cells, 0, 1, True)
+    dr.SXix = dr.Six
     if g.has_states:
         has_state = np.zeros(n, dtype=bool)
-        has_state[tz.state_nodes] = True
-        Aix = alloc(stage_lt & has_state[None, :], 0, 1, True)
-        SX = np.concatenate([Six, Aix[:, :, tz.state_nodes]], axis=2)
-    # A node can only run on a device whose budget holds its inputs, output and workspace at
-    # once (every input must be on the running device, resident or copied). Fixing the other
-    # R entries to zero keeps every feasible schedule and spares the solver from proving it.
-    footprint = np.stack([g.node_lower_bound_bytes(dv) for dv in inst.devices])  # (D, n)
-    cannot_run = footprint > inst.budgets[:, None]  # (D, n)
-    blocked_nodes = np.flatnonzero(cannot_run.all(axis=0))
-    Zix = alloc(tri_le, 0, 1, True) if (mode == "paper" and multi) else None
-    tt, ii = np.nonzero(tri_le)
+        has_state[dr.tz.state_nodes] = True
+        below = np.tril(np.ones((dr.T, n), dtype=bool), k=-1)
+        dr.Aix = dr.alloc(below & has_state[None, :], 0, 1, True)
+        dr.SXix = np.concatenate([dr.Six, dr.Aix[:, :, dr.tz.state_nodes]], axis=2)
+    if dr.mode == "paper" and dr.multi:
+        dr.Zix = dr.alloc(dr.r_cells, 0, 1, True)
 
-    # stage validity per edge: (t, e) with dst[e] <= t (reference: every (t, e))
-    if reference:
-        te_t, te_e = np.nonzero(np.ones((T, E), dtype=bool))
-    else:
-        te_t, te_e = np.nonzero(dst[None, :] <= np.arange(T)[:, None])
-    n_te = te_t.size
 
-    if reference:
-        # stage structure as rows (Checkmate eq. 8): R[t, i] = 0 for i > t, S[t, i] = 0 for
-        # i >= t (S[0, :] = 0 included)
-        for name, ix, allowed in (("stage_fix_r", Rix, stage_le), ("stage_fix_s", Six, stage_lt)):
-            ft, fi = np.nonzero(~allowed)
-            for d in range(D):
-                b.add_rows(name, ft.size, np.arange(ft.size), ix[d, ft, fi], 1.0, 0.0, 0.0)
+def add_frontier_rows(dr: Draft) -> None:
+    """``sum_d R[d,t,t] = 1``: Checkmate's frontier-advancing stages (eq. 8, R[t,t] = 1) with
+    XEngine's device index (constraint 2).
 
-    # 1. frontier: sum_d R[d,t,t] == 1
-    b.add_rows(
+    Stage t exists to compute node t, so every schedule runs each node at least once and in
+    order, which is what makes one stage per node enough. One device, not at least one: a
+    second copy of the frontier in the same stage only costs time.
+    """
+    T = dr.T
+    dr.b.add_rows(
         "frontier",
         T,
-        np.repeat(np.arange(T), D),
-        Rix[:, np.arange(T), np.arange(T)].T.ravel(),
+        np.repeat(np.arange(T), dr.D),
+        dr.Rix[:, np.arange(T), np.arange(T)].T.ravel(),
         1.0,
         1.0,
         1.0,
     )
-    if not reference:
-        if D == 1 and not blocked_nodes.size:
-            b.fix(Rix[0, np.arange(T), np.arange(T)], 1.0)
-        for d in range(D):
-            cols = np.flatnonzero(cannot_run[d])
-            if cols.size:
-                b.fix(Rix[d][:, cols].ravel(), 0.0)
-        if break_symmetry and twin_of_first(inst) and not cannot_run[0, 0]:
-            b.fix(Rix[0, :1, 0], 1.0)
 
-    lt_t, lt_i = np.nonzero(tri_lt)
-    k_lt = lt_t.size
-    if mode == "exact":
-        # 2. at most one device computes a node in a stage
-        if multi:
-            b.add_rows(
-                "one_device",
-                k_lt,
-                np.repeat(np.arange(k_lt), D),
-                Rix[:, lt_t, lt_i].T.ravel(),
-                1.0,
-                -np.inf,
-                1.0,
-            )
-        # 3. R + S <= 1 (presence Z = R + S is then binary)
-        for d in range(D):
-            rows = np.arange(k_lt)
-            b.add_rows(
-                "presence",
-                k_lt,
-                np.concatenate([rows, rows]),
-                np.concatenate([Rix[d, lt_t, lt_i], Six[d, lt_t, lt_i]]),
-                1.0,
-                -np.inf,
-                1.0,
-            )
-    else:
-        if multi:
-            # Z = R OR S (paper, constraint 6)
-            for d in range(D):
-                rows = np.arange(tt.size)
-                zc = Zix[d, tt, ii]
-                b.add_rows(
-                    "z_ge_r",
-                    tt.size,
-                    np.concatenate([rows, rows]),
-                    np.concatenate([zc, Rix[d, tt, ii]]),
-                    np.array([1.0] * tt.size + [-1.0] * tt.size),
-                    0.0,
-                    np.inf,
-                )
-                b.add_rows(
-                    "z_ge_s",
-                    tt.size,
-                    np.concatenate([rows, rows]),
-                    np.concatenate([zc, Six[d, tt, ii]]),
-                    np.array([1.0] * tt.size + [-1.0] * tt.size),
-                    0.0,
-                    np.inf,
-                )
-                b.add_rows(
-                    "z_le_rs",
-                    tt.size,
-                    np.concatenate([rows, rows, rows]),
-                    np.concatenate([zc, Rix[d, tt, ii], Six[d, tt, ii]]),
-                    np.array([1.0] * tt.size + [-1.0] * (2 * tt.size)),
-                    -np.inf,
-                    0.0,
-                )
 
-    # 4. persistence: S[d,t+1,i] <= R[d,t,i] + S[d,t,i]
-    p_t, p_i = np.nonzero(tri_le[:-1])
-    kp = p_t.size
-    for d in range(D):
-        rows = np.arange(kp)
-        b.add_rows(
-            "persistence",
-            kp,
+def fix_by_bounds(dr: Draft) -> None:
+    """The default model's reductions, as bounds rather than rows, so that presolve drops the
+    columns instead of the solver proving them.
+
+    With one device the frontier row leaves R[t,t] = 1 only (unless some node fits nowhere:
+    that model is infeasible as built, and the row says so). A node runs only on a device
+    whose budget holds its inputs, output and workspace at once (every input must be on the
+    running device, resident or copied), so R is zero elsewhere in every feasible schedule.
+    """
+    T = dr.T
+    if dr.D == 1 and not dr.blocked_nodes.size:
+        dr.b.fix(dr.Rix[0, np.arange(T), np.arange(T)], 1.0)
+    for d in range(dr.D):
+        cols = np.flatnonzero(dr.cannot_run[d])
+        if cols.size:
+            dr.b.fix(dr.Rix[d][:, cols].ravel(), 0.0)
+
+
+def add_presence_rows(dr: Draft) -> None:
+    """What "present on device d in stage t" means: ``R + S`` in exact mode
+    (:func:`_exclusive_rows`), the helper Z in paper mode (:func:`_or_rows`). One device in
+    paper mode needs neither: Checkmate reads R and S directly."""
+    if dr.mode == "exact":
+        _exclusive_rows(dr)
+    elif dr.multi:
+        _or_rows(dr)
+
+
+def _exclusive_rows(dr: Draft) -> None:
+    """``sum_d R[d,t,i] <= 1`` and ``R[d,t,i] + S[d,t,i] <= 1`` below the frontier (ours, not
+    in either paper).
+
+    Neither ever costs an optimum (a second computation of a node in one stage, or of a node
+    already resident, buys nothing), and together they keep the presence ``R + S`` binary, so
+    the copy indicator and the FREE rows can use it without a helper variable or a product.
+    """
+    lt_t, lt_i = np.nonzero(dr.s_cells)
+    k = lt_t.size
+    if dr.multi:
+        dr.b.add_rows(
+            "one_device",
+            k,
+            np.repeat(np.arange(k), dr.D),
+            dr.Rix[:, lt_t, lt_i].T.ravel(),
+            1.0,
+            -np.inf,
+            1.0,
+        )
+    rows = np.arange(k)
+    for d in range(dr.D):
+        dr.b.add_rows(
+            "presence",
+            k,
+            np.concatenate([rows, rows]),
+            np.concatenate([dr.Rix[d, lt_t, lt_i], dr.Six[d, lt_t, lt_i]]),
+            1.0,
+            -np.inf,
+            1.0,
+        )
+
+
+def _or_rows(dr: Draft) -> None:
+    """``Z = R OR S`` as three rows per cell (XEngine constraint 6): the published model lets R
+    and S be 1 together, so their sum is not binary and the copy product needs Z."""
+    tt, ii = np.nonzero(dr.r_cells)
+    k = tt.size
+    rows = np.arange(k)
+    for d in range(dr.D):
+        zc, rc, sc = dr.Zix[d, tt, ii], dr.Rix[d, tt, ii], dr.Six[d, tt, ii]
+        dr.b.add_rows(
+            "z_ge_r",
+            k,
+            np.concatenate([rows, rows]),
+            np.concatenate([zc, rc]),
+            np.array([1.0] * k + [-1.0] * k),
+            0.0,
+            np.inf,
+        )
+        dr.b.add_rows(
+            "z_ge_s",
+            k,
+            np.concatenate([rows, rows]),
+            np.concatenate([zc, sc]),
+            np.array([1.0] * k + [-1.0] * k),
+            0.0,
+            np.inf,
+        )
+        dr.b.add_rows(
+            "z_le_rs",
+            k,
             np.concatenate([rows, rows, rows]),
-            np.concatenate([Six[d, p_t + 1, p_i], Rix[d, p_t, p_i], Six[d, p_t, p_i]]),
-            np.concatenate([np.ones(kp), -np.ones(kp), -np.ones(kp)]),
+            np.concatenate([zc, rc, sc]),
+            np.array([1.0] * k + [-1.0] * (2 * k)),
             -np.inf,
             0.0,
         )
-    if Aix is not None:
-        _state_rows(b, Rix, Aix, D, T)
 
-    # 5. dependencies
-    cp_mask = copyable[te_e]
-    if multi and mode == "exact":
-        # copyable: sum_d R[d,t,v] <= sum_d (R[d,t,u] + S[d,t,u]); at most one d computes v
-        sel_t, sel_e = te_t[cp_mask], te_e[cp_mask]
-        k = sel_t.size
-        rows = np.arange(k)
-        r_parts, c_parts, v_parts = [], [], []
-        for d in range(D):
-            r_parts += [rows, rows, rows]
-            c_parts += [
-                Rix[d, sel_t, dst[sel_e]],
-                Rix[d, sel_t, src[sel_e]],
-                Six[d, sel_t, src[sel_e]],
-            ]
-            v_parts += [np.ones(k), -np.ones(k), -np.ones(k)]
-        b.add_rows(
+
+def add_persistence_rows(dr: Draft) -> None:
+    """``S[d,t+1,i] <= R[d,t,i] + S[d,t,i]``: Checkmate eq. 3, per device as XEngine's
+    constraint 4. A value can be kept into the next stage only where it was computed or kept,
+    so nothing moves between devices by being kept: a move is a copy, charged as one."""
+    p_t, p_i = np.nonzero(dr.r_cells[:-1])
+    k = p_t.size
+    rows = np.arange(k)
+    for d in range(dr.D):
+        dr.b.add_rows(
+            "persistence",
+            k,
+            np.concatenate([rows, rows, rows]),
+            np.concatenate([dr.Six[d, p_t + 1, p_i], dr.Rix[d, p_t, p_i], dr.Six[d, p_t, p_i]]),
+            np.concatenate([np.ones(k), -np.ones(k), -np.ones(k)]),
+            -np.inf,
+            0.0,
+        )
+
+
+def add_state_rows(dr: Draft) -> None:
+    """Eq. 3 for autograd states (ours: neither paper has states): a state persists only
+    where it was (``SA[d,t+1,v] <= R[d,t,v] + SA[d,t,v]``) and is never kept into a stage
+    that makes it anew (``R[d,t,v] + SA[d,t,v] <= 1``), which the simulator rejects because
+    the computation would overwrite the kept state."""
+    if dr.Aix is None:
+        return
+    Rix, Aix = dr.Rix, dr.Aix
+    at, ai = np.nonzero(Aix[0] >= 0)  # t > v for a forward node v with a state
+    k = at.size
+    rows = np.arange(k)
+    for d in range(dr.D):
+        dr.b.add_rows(
+            "state_persistence",
+            k,
+            np.concatenate([rows, rows, rows]),
+            np.concatenate([Aix[d, at, ai], Rix[d, at - 1, ai], Aix[d, at - 1, ai]]),
+            np.concatenate([np.ones(k), -np.ones(k), -np.ones(k)]),
+            -np.inf,
+            0.0,
+        )
+        dr.b.add_rows(
+            "state_presence",
+            k,
+            np.concatenate([rows, rows]),
+            np.concatenate([Rix[d, at, ai], Aix[d, at, ai]]),
+            1.0,
+            -np.inf,
+            1.0,
+        )
+
+
+def add_dependency_rows(dr: Draft) -> None:
+    """A node runs only where its inputs are: Checkmate eq. 2 (``R[t,v] <= R[t,u] + S[t,u]``).
+
+    With several devices a copyable input may be on any device, since a copy fetches it
+    (XEngine constraint 5): in exact mode one row per (t, e) summed over devices
+    (:func:`_any_device_rows_exact`), in paper mode one per consumer device
+    (:func:`_any_device_rows_paper`). A local input (an autograd state, or a version-1
+    value edge) must be on the running device itself (:func:`_local_dependency_rows`).
+    """
+    cp_mask = dr.copyable[dr.te_e]
+    if not dr.multi:
+        cp_mask = np.zeros_like(cp_mask)
+    elif dr.mode == "exact":
+        _any_device_rows_exact(dr, dr.te_t[cp_mask], dr.te_e[cp_mask])
+    else:
+        _any_device_rows_paper(dr, dr.te_t[cp_mask], dr.te_e[cp_mask])
+    _local_dependency_rows(dr, dr.te_t[~cp_mask], dr.te_e[~cp_mask])
+
+
+def _any_device_rows_exact(dr: Draft, sel_t: np.ndarray, sel_e: np.ndarray) -> None:
+    """``sum_d R[d,t,v] <= sum_d (R[d,t,u] + S[d,t,u])``: one row per read rather than
+    XEngine's one per consumer device, which is the same set of schedules here because at
+    most one device computes ``v`` in a stage (:func:`_exclusive_rows`), and D times fewer
+    rows."""
+    k = sel_t.size
+    rows = np.arange(k)
+    r_parts, c_parts, v_parts = [], [], []
+    for d in range(dr.D):
+        r_parts += [rows, rows, rows]
+        c_parts += [
+            dr.Rix[d, sel_t, dr.dst[sel_e]],
+            dr.Rix[d, sel_t, dr.src[sel_e]],
+            dr.Six[d, sel_t, dr.src[sel_e]],
+        ]
+        v_parts += [np.ones(k), -np.ones(k), -np.ones(k)]
+    dr.b.add_rows(
+        "dependency",
+        k,
+        np.concatenate(r_parts),
+        np.concatenate(c_parts),
+        np.concatenate(v_parts),
+        -np.inf,
+        0.0,
+    )
+
+
+def _any_device_rows_paper(dr: Draft, sel_t: np.ndarray, sel_e: np.ndarray) -> None:
+    """``R[d,t,v] <= sum_a Z[a,t,u]`` per consumer device d (XEngine constraint 5, with Z for
+    R + S: the published model may have both at 1, and then their sum would count the
+    holder twice)."""
+    k = sel_t.size
+    rows = np.arange(k)
+    for d in range(dr.D):
+        r_parts = [rows]
+        c_parts = [dr.Rix[d, sel_t, dr.dst[sel_e]]]
+        v_parts = [np.ones(k)]
+        for a in range(dr.D):
+            r_parts.append(rows)
+            c_parts.append(dr.Zix[a, sel_t, dr.src[sel_e]])
+            v_parts.append(-np.ones(k))
+        dr.b.add_rows(
             "dependency",
             k,
             np.concatenate(r_parts),
@@ -516,43 +662,24 @@ def build(
             -np.inf,
             0.0,
         )
-        local_t, local_e = te_t[~cp_mask], te_e[~cp_mask]
-    elif multi:  # paper: per consumer device, any holder (Z summed over devices)
-        sel_t, sel_e = te_t[cp_mask], te_e[cp_mask]
-        k = sel_t.size
-        for d in range(D):
-            rows = np.arange(k)
-            r_parts = [rows]
-            c_parts = [Rix[d, sel_t, dst[sel_e]]]
-            v_parts = [np.ones(k)]
-            for a in range(D):
-                r_parts.append(rows)
-                c_parts.append(Zix[a, sel_t, src[sel_e]])
-                v_parts.append(-np.ones(k))
-            b.add_rows(
-                "dependency",
-                k,
-                np.concatenate(r_parts),
-                np.concatenate(c_parts),
-                np.concatenate(v_parts),
-                -np.inf,
-                0.0,
-            )
-        local_t, local_e = te_t[~cp_mask], te_e[~cp_mask]
-    else:
-        local_t, local_e = te_t, te_e
-    k = local_t.size
-    for d in range(D):
-        rows = np.arange(k)
-        b.add_rows(
+
+
+def _local_dependency_rows(dr: Draft, sel_t: np.ndarray, sel_e: np.ndarray) -> None:
+    """Checkmate's eq. 2 per device, ``R[d,t,v] <= R[d,t,u] + SX[d,t,tau]``, for reads that no
+    copy can serve (one device, autograd states, version-1 local edges); the read tensor
+    ``tau`` is a value or a state, made by ``u`` either way."""
+    k = sel_t.size
+    rows = np.arange(k)
+    for d in range(dr.D):
+        dr.b.add_rows(
             "dependency_local",
             k,
             np.concatenate([rows, rows, rows]),
             np.concatenate(
                 [
-                    Rix[d, local_t, dst[local_e]],
-                    Rix[d, local_t, src[local_e]],
-                    SX[d, local_t, tau[local_e]],
+                    dr.Rix[d, sel_t, dr.dst[sel_e]],
+                    dr.Rix[d, sel_t, dr.src[sel_e]],
+                    dr.SXix[d, sel_t, dr.tz.tau[sel_e]],
                 ]
             ),
             np.concatenate([np.ones(k), -np.ones(k), -np.ones(k)]),
@@ -560,317 +687,438 @@ def build(
             0.0,
         )
 
-    # 6. copies
-    Xix = np.full((D, T, E), -1, dtype=np.int64)
-    Yix = None
-    CP = inst.copy_s
-    if multi and mode == "exact":
-        sel_t, sel_e = te_t[cp_mask], te_e[cp_mask]
-        k = sel_t.size
-        for d in range(D):
-            Xix[d, sel_t, sel_e] = b.add_vars(k, 0.0, 1.0, False)
-            rows = np.arange(k)
-            xv, rv = Xix[d, sel_t, sel_e], Rix[d, sel_t, dst[sel_e]]
-            ru, su = Rix[d, sel_t, src[sel_e]], Six[d, sel_t, src[sel_e]]
-            # X >= R_v - Z_u
-            b.add_rows(
-                "copy_lb",
-                k,
-                np.concatenate([rows] * 4),
-                np.concatenate([rv, ru, su, xv]),
-                np.concatenate([np.ones(k), -np.ones(k), -np.ones(k), -np.ones(k)]),
-                -np.inf,
-                0.0,
-            )
-            # X <= R_v
-            b.add_rows(
-                "copy_ub_r",
-                k,
-                np.concatenate([rows] * 2),
-                np.concatenate([xv, rv]),
-                np.concatenate([np.ones(k), -np.ones(k)]),
-                -np.inf,
-                0.0,
-            )
-            # X <= 1 - Z_u
-            b.add_rows(
-                "copy_ub_z",
+
+def add_copy_terms(dr: Draft) -> None:
+    """The time of copies, XEngine's second objective term; nothing with one device. Exact
+    mode charges each copy the simulator makes once (:func:`_copy_indicator_rows`), paper
+    mode the published product for every other holder (:func:`_copy_products`)."""
+    dr.Xix = np.full((dr.D, dr.T, len(dr.edges)), -1, dtype=np.int64)
+    if not dr.multi:
+        return
+    cp_mask = dr.copyable[dr.te_e]
+    sel_t, sel_e = dr.te_t[cp_mask], dr.te_e[cp_mask]
+    if dr.mode == "exact":
+        _copy_indicator_rows(dr, sel_t, sel_e)
+        _charge_copies(dr, sel_t, sel_e)
+    else:
+        _copy_products(dr, sel_t, sel_e)
+
+
+def _copy_indicator_rows(dr: Draft, sel_t: np.ndarray, sel_e: np.ndarray) -> None:
+    """``X[d,t,(u,v)] = R[d,t,v] AND NOT Z[d,t,u]`` with ``Z = R + S`` (ours, in place of
+    XEngine's product): ``X >= R_v - Z_u``, ``X <= R_v``, ``X <= 1 - Z_u``.
+
+    It is 1 exactly when the simulator copies ``u`` to ``d`` for ``v``: a copy is made only
+    when the reader's device lacks the value. The lower row is what the objective presses
+    against; the upper rows make X the indicator at every feasible point, not only at an
+    optimum, so that an incumbent returned at a time limit (or a copy that costs nothing)
+    still reads as the simulator's copies, in time and in the receiving device's memory.
+    """
+    k = sel_t.size
+    rows = np.arange(k)
+    for d in range(dr.D):
+        dr.Xix[d, sel_t, sel_e] = dr.b.add_vars(k, 0.0, 1.0, False)
+        xv, rv = dr.Xix[d, sel_t, sel_e], dr.Rix[d, sel_t, dr.dst[sel_e]]
+        ru, su = dr.Rix[d, sel_t, dr.src[sel_e]], dr.Six[d, sel_t, dr.src[sel_e]]
+        dr.b.add_rows(
+            "copy_lb",
+            k,
+            np.concatenate([rows] * 4),
+            np.concatenate([rv, ru, su, xv]),
+            np.concatenate([np.ones(k), -np.ones(k), -np.ones(k), -np.ones(k)]),
+            -np.inf,
+            0.0,
+        )
+        dr.b.add_rows(
+            "copy_ub_r",
+            k,
+            np.concatenate([rows] * 2),
+            np.concatenate([xv, rv]),
+            np.concatenate([np.ones(k), -np.ones(k)]),
+            -np.inf,
+            0.0,
+        )
+        dr.b.add_rows(
+            "copy_ub_z",
+            k,
+            np.concatenate([rows] * 3),
+            np.concatenate([xv, ru, su]),
+            1.0,
+            -np.inf,
+            1.0,
+        )
+
+
+def _charge_copies(dr: Draft, sel_t: np.ndarray, sel_e: np.ndarray) -> None:
+    """The cost of each copy X, from the cheapest device that holds the value (the
+    simulator's choice, XEngine's objective read src -> dst).
+
+    With two devices the source is the other one, so X carries its cost directly. With more,
+    a source variable ``Y[a,d,t,e] <= Z[a,t,u]`` per other device, ``X <= sum_a Y`` and the
+    cost on Y: the minimum then picks the cheapest holder without a product.
+    """
+    k = sel_t.size
+    rows = np.arange(k)
+    src = dr.src[sel_e]
+    if dr.D == 2:
+        for d in range(2):
+            dr.b.add_objective(dr.Xix[d, sel_t, sel_e], dr.copy_tu[1 - d, d, src])
+        return
+    dr.Yix = np.full((dr.D, dr.D, dr.T, len(dr.edges)), -1, dtype=np.int64)
+    for d in range(dr.D):
+        others = [a for a in range(dr.D) if a != d]
+        for a in others:
+            dr.Yix[a, d, sel_t, sel_e] = dr.b.add_vars(k, 0.0, 1.0, False)
+            dr.b.add_objective(dr.Yix[a, d, sel_t, sel_e], dr.copy_tu[a, d, src])
+            dr.b.add_rows(
+                "copy_source",
                 k,
                 np.concatenate([rows] * 3),
-                np.concatenate([xv, ru, su]),
-                1.0,
+                np.concatenate(
+                    [dr.Yix[a, d, sel_t, sel_e], dr.Rix[a, sel_t, src], dr.Six[a, sel_t, src]]
+                ),
+                np.concatenate([np.ones(k), -np.ones(k), -np.ones(k)]),
                 -np.inf,
-                1.0,
+                0.0,
             )
-        if D == 2:
-            for d in range(D):
-                a = 1 - d
-                b.add_objective(Xix[d, sel_t, sel_e], CP[a, d, src[sel_e]] / time_scale)
-        else:
-            Yix = np.full((D, D, T, E), -1, dtype=np.int64)
-            for d in range(D):
-                others = [a for a in range(D) if a != d]
-                for a in others:
-                    Yix[a, d, sel_t, sel_e] = b.add_vars(k, 0.0, 1.0, False)
-                    b.add_objective(Yix[a, d, sel_t, sel_e], CP[a, d, src[sel_e]] / time_scale)
-                    rows = np.arange(k)
-                    b.add_rows(
-                        "copy_source",
-                        k,
-                        np.concatenate([rows] * 3),
-                        np.concatenate(
-                            [
-                                Yix[a, d, sel_t, sel_e],
-                                Rix[a, sel_t, src[sel_e]],
-                                Six[a, sel_t, src[sel_e]],
-                            ]
-                        ),
-                        np.concatenate([np.ones(k), -np.ones(k), -np.ones(k)]),
-                        -np.inf,
-                        0.0,
-                    )
-                rows = np.arange(k)
-                r_parts = [rows] + [rows] * len(others)
-                c_parts = [Xix[d, sel_t, sel_e]] + [Yix[a, d, sel_t, sel_e] for a in others]
-                v_parts = [-np.ones(k)] + [np.ones(k)] * len(others)
-                b.add_rows(
-                    "copy_cover",
-                    k,
-                    np.concatenate(r_parts),
-                    np.concatenate(c_parts),
-                    np.concatenate(v_parts),
-                    0.0,
-                    np.inf,
-                )
-    elif multi and mode == "paper":
-        sel_t, sel_e = te_t[cp_mask], te_e[cp_mask]
-        k = sel_t.size
-        for dp in range(D):  # consumer device d'
-            for d in range(D):  # holder device d
-                if d == dp:
-                    continue
-                coef = CP[d, dp, src[sel_e]] / time_scale
-                rv = Rix[dp, sel_t, dst[sel_e]]
-                zu = Zix[d, sel_t, src[sel_e]]
-                if linearize:
-                    w = b.add_vars(k, 0.0, 1.0, False)
-                    rows = np.arange(k)
-                    b.add_rows(
-                        "copy_and",
-                        k,
-                        np.concatenate([rows] * 3),
-                        np.concatenate([w, rv, zu]),
-                        np.concatenate([np.ones(k), -np.ones(k), -np.ones(k)]),
-                        -1.0,
-                        np.inf,
-                    )
-                    b.add_objective(w, coef)
-                else:
-                    b.add_products(rv, zu, coef)
+        dr.b.add_rows(
+            "copy_cover",
+            k,
+            np.concatenate([rows] * (1 + len(others))),
+            np.concatenate(
+                [dr.Xix[d, sel_t, sel_e]] + [dr.Yix[a, d, sel_t, sel_e] for a in others]
+            ),
+            np.concatenate([-np.ones(k)] + [np.ones(k)] * len(others)),
+            0.0,
+            np.inf,
+        )
 
-    # 7. FREE[d,t,(u,v)] = AND of conditions, each a sum of R/S columns:
-    #    "pos" conditions hold when the sum is 1 (v runs: A_v; exact multi-device: u is on d,
-    #    Z_u = R + S), "neg" ones when it is 0 (u kept on d for t+1; each later reader j of u
-    #    runs in stage t). Hazard count (Checkmate): h = sum(1 - pos) + sum(neg),
-    #    1 - F <= h <= kappa (1 - F), F binary. Tight: F >= 1 - h, F <= each condition.
-    tight = free_rows == "tight"
-    Fix = np.full((D, T, E), -1, dtype=np.int64)
-    later_lists = tz.later
+
+def _copy_products(dr: Draft, sel_t: np.ndarray, sel_e: np.ndarray) -> None:
+    """XEngine's copy term ``c_{d->d'} R[d',t,v] Z[d,t,u]`` for every holder d other than the
+    consumer d', as published (a copy is charged even when d' holds u too). With
+    ``linearize`` the product becomes ``W >= R + Z - 1`` (only this row: W is charged, so the
+    minimum keeps it at the product) for solvers that take no products."""
+    k = sel_t.size
+    rows = np.arange(k)
+    for dp in range(dr.D):  # consumer device d'
+        for d in range(dr.D):  # holder device d
+            if d == dp:
+                continue
+            coef = dr.copy_tu[d, dp, dr.src[sel_e]]
+            rv = dr.Rix[dp, sel_t, dr.dst[sel_e]]
+            zu = dr.Zix[d, sel_t, dr.src[sel_e]]
+            if not dr.linearize:
+                dr.b.add_products(rv, zu, coef)
+                continue
+            w = dr.b.add_vars(k, 0.0, 1.0, False)
+            dr.b.add_rows(
+                "copy_and",
+                k,
+                np.concatenate([rows] * 3),
+                np.concatenate([w, rv, zu]),
+                np.concatenate([np.ones(k), -np.ones(k), -np.ones(k)]),
+                -1.0,
+                np.inf,
+            )
+            dr.b.add_objective(w, coef)
+
+
+def add_free_rows(dr: Draft, every_later_reader: bool = False) -> None:
+    """FREE[d,t,(u,v)]: the read tensor leaves device d once v has run in stage t (Checkmate
+    eq. 6), so the memory recurrence can give its bytes back.
+
+    FREE is the AND of conditions, each a sum of R/S columns (:func:`_free_conditions`):
+    "pos" ones hold when their sum is 1, "neg" ones when it is 0. It is written either with
+    Checkmate's hazard count (eq. 7, ``free_rows="hazard"``: :func:`_hazard_rows`) or as the
+    tight AND (``free_rows="tight"``: :func:`_tight_rows`). Both share the row
+    ``1 - F <= h``, which frees the tensor as soon as every condition holds: the solver
+    would free it anyway where memory binds, but the row makes U the simulator's memory at
+    every feasible point, so a schedule's model peak is its simulated peak.
+    ``every_later_reader`` also counts readers after the frontier, as published (eq. 8 makes
+    their R zero, so the rows are only longer).
+    """
+    D, T, E = dr.D, dr.T, len(dr.edges)
+    te_t, te_e = dr.te_t, dr.te_e
+    n_te = te_t.size
+    dr.Fix = np.full((D, T, E), -1, dtype=np.int64)
+    for d in range(D):
+        dr.Fix[d, te_t, te_e] = dr.b.add_vars(n_te, 0, 1, not dr.tight)
     by_edge = [np.flatnonzero(te_e == e) for e in range(E)]
     for d in range(D):
-        Fix[d, te_t, te_e] = b.add_vars(n_te, 0, 1, not tight)
-    row = np.arange(n_te)
-    devs_all = range(D) if mode == "exact" else None
-    for d in range(D):
-        fcol = Fix[d, te_t, te_e]
-        devs_a = devs_all if devs_all is not None else [d]
-        # conditions: (kind, local rows, [column arrays summed])
-        conds: list[tuple[str, np.ndarray, list[np.ndarray]]] = [
-            ("pos", row, [Rix[a, te_t, dst[te_e]] for a in devs_a])
-        ]
-        has_next = np.flatnonzero(te_t + 1 < T)
-        conds.append(("neg", has_next, [SX[d, te_t[has_next] + 1, tau[te_e[has_next]]]]))
-        # later readers j with dst < j <= t (reference: every later reader, as published;
-        # R[t, j] = 0 for j > t by the stage rows)
-        for e in range(E):
-            for j in later_lists[e]:
-                sel = by_edge[e] if reference else by_edge[e][te_t[by_edge[e]] >= j]
-                if sel.size:
-                    conds.append(("neg", sel, [Rix[a, te_t[sel], j] for a in devs_a]))
-        if multi and mode == "exact":
-            conds.append(("pos", row, [Rix[d, te_t, src[te_e]], SX[d, te_t, tau[te_e]]]))
-        elif multi:
-            # paper mode, per device: only a device that holds u can free it. Without this a
-            # device running a reader of a remote u would be credited with freeing bytes it
-            # never held (the published rows were summed over devices, which hid it). A state
-            # is on d when it is made or kept there (R + SA <= 1).
-            is_st = tau[te_e] >= n
-            vr, sr = row[~is_st], row[is_st]
-            conds.append(("pos", vr, [Zix[d, te_t[vr], src[te_e[vr]]]]))
-            if sr.size:
-                conds.append(
-                    ("pos", sr, [Rix[d, te_t[sr], src[te_e[sr]]], SX[d, te_t[sr], tau[te_e[sr]]]])
-                )
-        hconst = np.zeros(n_te)  # h = hconst + lin
-        kappa = np.zeros(n_te)
-        lin_r, lin_c, lin_v = [], [], []
-        for kind, rows_c, cols in conds:
-            kappa[rows_c] += 1.0
-            if kind == "pos":
-                hconst[rows_c] += 1.0
-            for c in cols:
-                lin_r.append(rows_c)
-                lin_c.append(c)
-                lin_v.append(np.full(rows_c.size, -1.0 if kind == "pos" else 1.0))
-        lr, lc, lv = np.concatenate(lin_r), np.concatenate(lin_c), np.concatenate(lin_v)
+        fcol = dr.Fix[d, te_t, te_e]
+        conds = _free_conditions(dr, d, by_edge, every_later_reader)
+        h_const, kappa, lin = _hazard_count(conds, n_te)
+        lr, lc, lv = lin
+        row = np.arange(n_te)
         # 1 - F <= h   <=>  -F - lin <= hconst - 1   (F >= sum of conditions - (k - 1))
-        b.add_rows(
+        dr.b.add_rows(
             "free_a",
             n_te,
             np.concatenate([row, lr]),
             np.concatenate([fcol, lc]),
             np.concatenate([-np.ones(n_te), -lv]),
             -np.inf,
-            hconst - 1.0,
+            h_const - 1.0,
         )
-        if not tight:
-            # kappa (1 - F) >= h   <=>  -kappa F - lin >= hconst - kappa
-            b.add_rows(
-                "free_b",
-                n_te,
-                np.concatenate([row, lr]),
-                np.concatenate([fcol, lc]),
-                np.concatenate([-kappa, -lv]),
-                hconst - kappa,
-                np.inf,
-            )
-            continue
-        for kind, rows_c, cols in conds:
-            k = rows_c.size
-            local = np.arange(k)
-            sign = -1.0 if kind == "pos" else 1.0  # F - sum <= 0  |  F + sum <= 1
-            b.add_rows(
-                "free_le_" + kind,
-                k,
-                np.concatenate([local] * (1 + len(cols))),
-                np.concatenate([fcol[rows_c]] + cols),
-                np.concatenate([np.ones(k)] + [np.full(k, sign)] * len(cols)),
-                -np.inf,
-                0.0 if kind == "pos" else 1.0,
-            )
+        if dr.tight:
+            _tight_rows(dr, fcol, conds)
+        else:
+            _hazard_rows(dr, fcol, h_const, kappa, lin)
 
-    # 8. memory
-    Uix = alloc(tri_le, 0.0, 0.0, False)
-    ub = np.concatenate([np.full(int(tri_le.sum()), budgets[d]) for d in range(D)])
-    lbv = np.zeros_like(ub)
-    # set U bounds: [0, B_d]
-    allU = np.concatenate([Uix[d][tri_le] for d in range(D)])
-    model_lb_fix = (allU, lbv, ub)
-    freed_by_node: list[list[int]] = [[] for _ in range(n)]
-    for e in range(E):
-        freed_by_node[dst[e]].append(e)
-    for d in range(D):
-        # k = 0 rows: U[d,t,0] - m0 R[d,t,0] - sum_{i<t} m_i S[d,t,i] - states kept = 0
-        r0, c0, v0 = [np.arange(T)], [Uix[d, :, 0]], [np.ones(T)]
-        r0.append(np.arange(T))
-        c0.append(Rix[d, :, 0])
-        v0.append(np.full(T, -madeb[0]))
-        st, si = np.nonzero(tri_lt)
-        r0.append(st)
-        c0.append(Six[d, st, si])
-        v0.append(-mb[si])
-        if Aix is not None:
-            at, ai = np.nonzero(Aix[d] >= 0)
-            r0.append(at)
-            c0.append(Aix[d, at, ai])
-            v0.append(-(madeb - mb)[ai])
-        b.add_rows(
-            "mem_init", T, np.concatenate(r0), np.concatenate(c0), np.concatenate(v0), 0.0, 0.0
-        )
-        # k >= 1: U[d,t,k] - U[d,t,k-1] - m_k R[d,t,k] + sum_{e into k-1} m_src F[d,t,e] = 0
-        kt, kk = np.nonzero(tri_le & (np.arange(n)[None, :] >= 1))
-        nk = kt.size
-        rows = np.arange(nk)
-        rr = [rows, rows, rows]
-        cc = [Uix[d, kt, kk], Uix[d, kt, kk - 1], Rix[d, kt, kk]]
-        vv = [np.ones(nk), -np.ones(nk), -madeb[kk]]
-        # frees of edges into node k-1 in stage t
-        pos = {(int(a), int(c)): r for r, (a, c) in enumerate(zip(kt, kk, strict=True))}
-        fr, fc, fv = [], [], []
-        for t_, e_ in zip(te_t, te_e, strict=True):
-            r = pos.get((int(t_), int(dst[e_]) + 1))
-            if r is not None:
-                fr.append(r)
-                fc.append(Fix[d, t_, e_])
-                fv.append(mtb[tau[e_]])
-        rr.append(np.array(fr, dtype=np.int64))
-        cc.append(np.array(fc, dtype=np.int64))
-        vv.append(np.array(fv, dtype=float))
-        b.add_rows(
-            "mem_step", nk, np.concatenate(rr), np.concatenate(cc), np.concatenate(vv), 0.0, 0.0
-        )
-        # budget rows with transient copies and workspace where they exist
-        kt, kk = np.nonzero(tri_le)
-        trans = wb[d, kk] > 0
-        if multi and mode == "exact":
-            has_copy_in = np.zeros(n, dtype=bool)
-            has_copy_in[dst[copyable]] = True
-            trans |= has_copy_in[kk]
-        sel = np.flatnonzero(trans)
-        if sel.size:
-            pos = {(int(kt[s]), int(kk[s])): r for r, s in enumerate(sel)}
-            rr = [np.arange(sel.size), np.arange(sel.size)]
-            cc = [Uix[d, kt[sel], kk[sel]], Rix[d, kt[sel], kk[sel]]]
-            vv = [np.ones(sel.size), wb[d, kk[sel]]]
-            if multi and mode == "exact":
-                xr, xc, xv = [], [], []
-                for t_, e_ in zip(te_t[cp_mask], te_e[cp_mask], strict=True):
-                    r = pos.get((int(t_), int(dst[e_])))
-                    if r is not None:
-                        xr.append(r)
-                        xc.append(Xix[d, t_, e_])
-                        xv.append(mb[src[e_]])
-                rr.append(np.array(xr, dtype=np.int64))
-                cc.append(np.array(xc, dtype=np.int64))
-                vv.append(np.array(xv, dtype=float))
-            b.add_rows(
-                "budget",
-                sel.size,
-                np.concatenate(rr),
-                np.concatenate(cc),
-                np.concatenate(vv),
-                -np.inf,
-                budgets[d],
+
+def _free_conditions(
+    dr: Draft, d: int, by_edge: list[np.ndarray], every_later_reader: bool
+) -> list[tuple[str, np.ndarray, list[np.ndarray]]]:
+    """The conditions under which edge (u, v) frees its tensor on device d in stage t, as
+    (kind, rows among the (t, e) pairs, columns summed). Checkmate's (eq. 6): v runs
+    (``pos``), the tensor is not kept for t+1 and no later reader of it runs in t (``neg``).
+
+    Exact mode follows the simulator: v and the later readers may run on any device, and the
+    tensor must be on d (``R + SX``), because it leaves d after its last reader anywhere.
+    Paper mode keeps XEngine's per-device conditions, adding that d holds the tensor (Z, or
+    for a state R + SA): without it a device running a reader of a remote u would be credited
+    with freeing bytes it never held (the released code summed the rows over devices, which
+    hid that).
+    """
+    te_t, te_e, tau = dr.te_t, dr.te_e, dr.tz.tau
+    Rix, SX = dr.Rix, dr.SXix
+    row = np.arange(te_t.size)
+    devs = range(dr.D) if dr.mode == "exact" else [d]
+    conds: list[tuple[str, np.ndarray, list[np.ndarray]]] = [
+        ("pos", row, [Rix[a, te_t, dr.dst[te_e]] for a in devs])
+    ]
+    has_next = np.flatnonzero(te_t + 1 < dr.T)
+    conds.append(("neg", has_next, [SX[d, te_t[has_next] + 1, tau[te_e[has_next]]]]))
+    for e in range(len(dr.edges)):
+        for j in dr.tz.later[e]:
+            sel = by_edge[e] if every_later_reader else by_edge[e][te_t[by_edge[e]] >= j]
+            if sel.size:
+                conds.append(("neg", sel, [Rix[a, te_t[sel], j] for a in devs]))
+    if dr.multi and dr.mode == "exact":
+        conds.append(("pos", row, [Rix[d, te_t, dr.src[te_e]], SX[d, te_t, tau[te_e]]]))
+    elif dr.multi:
+        is_st = tau[te_e] >= dr.inst.graph.size
+        vr, sr = row[~is_st], row[is_st]
+        conds.append(("pos", vr, [dr.Zix[d, te_t[vr], dr.src[te_e[vr]]]]))
+        if sr.size:
+            conds.append(
+                ("pos", sr, [Rix[d, te_t[sr], dr.src[te_e[sr]]], SX[d, te_t[sr], tau[te_e[sr]]]])
             )
+    return conds
 
-    # objective: compute cost
-    for d in range(D):
-        b.add_objective(Rix[d, tt, ii], Cs[d, ii])
 
-    model = b.build()
-    model.lb[model_lb_fix[0]] = model_lb_fix[1]
-    model.ub[model_lb_fix[0]] = model_lb_fix[2]
-    f = Formulation(
-        inst=inst,
-        mode=mode,
-        model=model,
-        Rix=Rix,
-        Six=Six,
-        Fix=Fix,
-        Xix=Xix,
-        Uix=Uix,
-        Zix=Zix,
-        mem_scale=mem_scale,
-        time_scale=time_scale,
-        build_time_s=time.perf_counter() - t0,
-        edges=edges,
-        Aix=Aix,
+def _hazard_count(
+    conds: list, n_rows: int
+) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Checkmate's hazard count (eq. 7) ``h = sum(1 - pos) + sum(neg)`` per (t, e) row, as
+    ``h = h_const + lin`` (lin's entries: rows, columns, values), and ``kappa``, the number of
+    conditions: h is 0 exactly when every condition holds, and at most kappa."""
+    h_const = np.zeros(n_rows)
+    kappa = np.zeros(n_rows)
+    lin_r, lin_c, lin_v = [], [], []
+    for kind, rows_c, cols in conds:
+        kappa[rows_c] += 1.0
+        if kind == "pos":
+            h_const[rows_c] += 1.0
+        for c in cols:
+            lin_r.append(rows_c)
+            lin_c.append(c)
+            lin_v.append(np.full(rows_c.size, -1.0 if kind == "pos" else 1.0))
+    return h_const, kappa, (np.concatenate(lin_r), np.concatenate(lin_c), np.concatenate(lin_v))
+
+
+def _hazard_rows(
+    dr: Draft,
+    fcol: np.ndarray,
+    h_const: np.ndarray,
+    kappa: np.ndarray,
+    lin: tuple[np.ndarray, np.ndarray, np.ndarray],
+) -> None:
+    """``kappa (1 - F) >= h`` (Checkmate eq. 7): any hazard forces F to 0, so a tensor is
+    never freed while it is still needed. One row per (t, e), with F binary: it is the
+    published form, and the one CP-SAT takes (every column integer)."""
+    n_te = fcol.size
+    lr, lc, lv = lin
+    # kappa (1 - F) >= h   <=>  -kappa F - lin >= hconst - kappa
+    dr.b.add_rows(
+        "free_b",
+        n_te,
+        np.concatenate([np.arange(n_te), lr]),
+        np.concatenate([fcol, lc]),
+        np.concatenate([-kappa, -lv]),
+        h_const - kappa,
+        np.inf,
     )
-    f._Yix = Yix
-    if blocked_nodes.size:
-        least = footprint.min(axis=0)
-        v = int(blocked_nodes[np.argmax(least[blocked_nodes])])
-        f.blocked = (g.nodes[v].name, int(least[v]))
+
+
+def _tight_rows(dr: Draft, fcol: np.ndarray, conds: list) -> None:
+    """``F <= c`` for each condition c (``F <= sum`` for pos, ``F + sum <= 1`` for neg) with F
+    continuous: the AND written condition by condition. Their sum is the hazard row, so the
+    LP relaxation is never weaker, and at integer R, S they give the same F."""
+    for kind, rows_c, cols in conds:
+        k = rows_c.size
+        local = np.arange(k)
+        sign = -1.0 if kind == "pos" else 1.0  # F - sum <= 0  |  F + sum <= 1
+        dr.b.add_rows(
+            "free_le_" + kind,
+            k,
+            np.concatenate([local] * (1 + len(cols))),
+            np.concatenate([fcol[rows_c]] + cols),
+            np.concatenate([np.ones(k)] + [np.full(k, sign)] * len(cols)),
+            -np.inf,
+            0.0 if kind == "pos" else 1.0,
+        )
+
+
+def add_memory_rows(dr: Draft) -> None:
+    """U[d,t,k], the memory on device d after step (t, k), bounded by the budget (Checkmate
+    eq. 9 as bounds, XEngine constraint 10 per device), and its recurrence per device:
+    :func:`_memory_start_rows` (eq. 4, XEngine 8), :func:`_memory_step_rows` (eq. 5, XEngine
+    9), then :func:`_budget_rows` where a step needs memory beyond U (eq. 9).
+
+    U stops at the frontier (k <= t) in the default model: nothing runs after it in a stage.
+    """
+    D = dr.D
+    dr.Uix = np.full((D,) + dr.r_cells.shape, -1, dtype=np.int64)
+    count = int(dr.r_cells.sum())
+    for d in range(D):
+        dr.Uix[d][dr.r_cells] = dr.b.add_vars(count, 0.0, dr.budget_mu[d], False)
+    for d in range(D):
+        _memory_start_rows(dr, d)
+        _memory_step_rows(dr, d)
+        _budget_rows(dr, d)
+
+
+def _memory_start_rows(dr: Draft, d: int) -> None:
+    """``U[d,t,0] = (m_0 + s_0) R[d,t,0] + sum_{i<t} m_i S[d,t,i] + sum_v s_v SA[d,t,v]``:
+    Checkmate eq. 4 per device. XEngine's constraint 8 sums it over devices, which lets a
+    device's kept values be charged to another's U; per device, each budget holds."""
+    T = dr.T
+    r0, c0, v0 = [np.arange(T)], [dr.Uix[d, :, 0]], [np.ones(T)]
+    r0.append(np.arange(T))
+    c0.append(dr.Rix[d, :, 0])
+    v0.append(np.full(T, -dr.made_mu[0]))
+    st, si = np.nonzero(dr.s_cells)
+    r0.append(st)
+    c0.append(dr.Six[d, st, si])
+    v0.append(-dr.value_mu[si])
+    if dr.Aix is not None:
+        at, ai = np.nonzero(dr.Aix[d] >= 0)
+        r0.append(at)
+        c0.append(dr.Aix[d, at, ai])
+        v0.append(-(dr.made_mu - dr.value_mu)[ai])
+    dr.b.add_rows(
+        "mem_init", T, np.concatenate(r0), np.concatenate(c0), np.concatenate(v0), 0.0, 0.0
+    )
+
+
+def _memory_step_rows(dr: Draft, d: int) -> None:
+    """``U[d,t,k] = U[d,t,k-1] + (m_k + s_k) R[d,t,k] - sum_{e into k-1} bytes(e) F[d,t,e]``:
+    Checkmate eq. 5 per device (XEngine constraint 9), with the predecessor's size as the
+    freed amount (the released code read a stale index there and freed nothing). A tensor
+    read by k-1 is freed after k-1 has run, so its bytes leave at step k."""
+    kt, kk = np.nonzero(dr.r_cells & (np.arange(dr.inst.graph.size)[None, :] >= 1))
+    nk = kt.size
+    rows = np.arange(nk)
+    rr = [rows, rows, rows]
+    cc = [dr.Uix[d, kt, kk], dr.Uix[d, kt, kk - 1], dr.Rix[d, kt, kk]]
+    vv = [np.ones(nk), -np.ones(nk), -dr.made_mu[kk]]
+    pos = {(int(a), int(c)): r for r, (a, c) in enumerate(zip(kt, kk, strict=True))}
+    fr, fc, fv = [], [], []
+    for t_, e_ in zip(dr.te_t, dr.te_e, strict=True):
+        r = pos.get((int(t_), int(dr.dst[e_]) + 1))
+        if r is not None:
+            fr.append(r)
+            fc.append(dr.Fix[d, t_, e_])
+            fv.append(dr.tensor_mu[dr.tz.tau[e_]])
+    rr.append(np.array(fr, dtype=np.int64))
+    cc.append(np.array(fc, dtype=np.int64))
+    vv.append(np.array(fv, dtype=float))
+    dr.b.add_rows(
+        "mem_step", nk, np.concatenate(rr), np.concatenate(cc), np.concatenate(vv), 0.0, 0.0
+    )
+
+
+def _budget_rows(dr: Draft, d: int) -> None:
+    """``U[d,t,k] + w_k R[d,t,k] + sum m_u X[d,t,(u,k)] <= B_d`` at the steps that need memory
+    only while they run: the op's workspace (eq. 9's second part) and, in exact mode, the
+    copies it receives, which the simulator holds on the receiving device while k runs.
+    Elsewhere U's upper bound is the budget, and a row would only repeat it.
+    """
+    kt, kk = np.nonzero(dr.r_cells)
+    wb = dr.workspace_mu
+    trans = wb[d, kk] > 0
+    exact_copies = dr.multi and dr.mode == "exact"
+    if exact_copies:
+        has_copy_in = np.zeros(dr.inst.graph.size, dtype=bool)
+        has_copy_in[dr.dst[dr.copyable]] = True
+        trans |= has_copy_in[kk]
+    sel = np.flatnonzero(trans)
+    if not sel.size:
+        return
+    pos = {(int(kt[s]), int(kk[s])): r for r, s in enumerate(sel)}
+    rr = [np.arange(sel.size), np.arange(sel.size)]
+    cc = [dr.Uix[d, kt[sel], kk[sel]], dr.Rix[d, kt[sel], kk[sel]]]
+    vv = [np.ones(sel.size), wb[d, kk[sel]]]
+    if exact_copies:
+        cp_mask = dr.copyable[dr.te_e]
+        xr, xc, xv = [], [], []
+        for t_, e_ in zip(dr.te_t[cp_mask], dr.te_e[cp_mask], strict=True):
+            r = pos.get((int(t_), int(dr.dst[e_])))
+            if r is not None:
+                xr.append(r)
+                xc.append(dr.Xix[d, t_, e_])
+                xv.append(dr.value_mu[dr.src[e_]])
+        rr.append(np.array(xr, dtype=np.int64))
+        cc.append(np.array(xc, dtype=np.int64))
+        vv.append(np.array(xv, dtype=float))
+    dr.b.add_rows(
+        "budget",
+        sel.size,
+        np.concatenate(rr),
+        np.concatenate(cc),
+        np.concatenate(vv),
+        -np.inf,
+        dr.budget_mu[d],
+    )
+
+
+def add_compute_objective(dr: Draft) -> None:
+    """``sum_d sum_t sum_i C[d,i] R[d,t,i]``: Checkmate's objective (eq. 1) with each device's
+    own cost, XEngine's first objective term. The copy term is added with the copy rows."""
+    tt, ii = np.nonzero(dr.r_cells)
+    for d in range(dr.D):
+        dr.b.add_objective(dr.Rix[d, tt, ii], dr.compute_tu[d, ii])
+
+
+def finish(dr: Draft) -> Formulation:
+    """The model and its index arrays, and, when some node fits on no device, which one and
+    the footprint it needs (the model is then infeasible as built, and saying why is more use
+    than a solver's verdict)."""
+    model = dr.b.build()
+    f = Formulation(
+        inst=dr.inst,
+        mode=dr.mode,
+        model=model,
+        Rix=dr.Rix,
+        Six=dr.Six,
+        Fix=dr.Fix,
+        Xix=dr.Xix,
+        Uix=dr.Uix,
+        Zix=dr.Zix,
+        mem_scale=dr.mem_scale,
+        time_scale=dr.time_scale,
+        build_time_s=time.perf_counter() - dr.started_s,
+        edges=dr.edges,
+        Aix=dr.Aix,
+    )
+    f._Yix = dr.Yix
+    blocked = dr.blocked_nodes
+    if blocked.size:
+        least = dr.footprint_bytes.min(axis=0)
+        v = int(blocked[np.argmax(least[blocked])])
+        f.blocked = (dr.inst.graph.nodes[v].name, int(least[v]))
     log.info(
         "built %s: %d vars (%d integer), %d rows, %d nonzeros in %.2f s",
         model.name,
@@ -881,3 +1129,24 @@ def build(
         f.build_time_s,
     )
     return f
+
+
+def build(
+    inst: Instance, mode: str = "exact", linearize: bool = True, free_rows: str = "hazard"
+) -> Formulation:
+    """The model for ``inst``: see the module docstring for the two modes and for
+    ``free_rows`` (hazard | tight). Each row family is one function below, in the order its
+    rows appear."""
+    dr = start(inst, mode, linearize, free_rows)
+    add_variables(dr)
+    add_frontier_rows(dr)
+    fix_by_bounds(dr)
+    add_presence_rows(dr)
+    add_persistence_rows(dr)
+    add_state_rows(dr)
+    add_dependency_rows(dr)
+    add_copy_terms(dr)
+    add_free_rows(dr)
+    add_memory_rows(dr)
+    add_compute_objective(dr)
+    return finish(dr)

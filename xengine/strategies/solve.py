@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -14,7 +15,7 @@ from xengine.schedule import Schedule
 from xengine.simulate import ScheduleError, simulate
 from xengine.solvers import QUADRATIC_CAPABLE, SolverOptions, SolverUnavailable, solve
 from xengine.solvers.model import relative_gap
-from xengine.strategies.formulation import build, default_free_rows
+from xengine.strategies.formulation import Formulation, build, default_free_rows
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,7 @@ def solve_xengine(
     strategy: str = "xengine",
     build_options: dict | None = None,
     placement: np.ndarray | None = None,
+    builder: Callable[..., Formulation] = build,
 ) -> StrategyResult:
     """Solve the heterogeneous model on ``inst`` (DESIGN.md section 6).
 
@@ -72,9 +74,11 @@ def solve_xengine(
     Checkmate schedule embedded with :meth:`Schedule.on_devices`); exact mode passes it to the
     solver as a MIP start. The returned schedule is replayed by the simulator; the model's own
     objective and peak are kept beside the simulator's figures. ``build_options`` go to
-    :func:`xengine.strategies.formulation.build` (``reference``, ``free_rows``); mode ``exact`` gets
-    the FREE rows of :func:`~xengine.strategies.formulation.default_free_rows` for ``solver`` unless
-    they say otherwise (the reference keeps its published rows).
+    ``builder`` (``free_rows``); mode ``exact`` gets the FREE rows of
+    :func:`~xengine.strategies.formulation.default_free_rows` for ``solver`` unless they say
+    otherwise. ``builder`` is :func:`xengine.strategies.formulation.build` unless a caller
+    measures another written form of the same model (``experiments/formulation_variants.py``),
+    with the same arguments.
 
     ``placement`` (one device index per node, or -1 for a node left free) restricts the model:
     node ``i`` is computed and kept on ``placement[i]`` only (copies to other devices stay free
@@ -99,9 +103,9 @@ def solve_xengine(
     t0 = time.perf_counter()
     linearize = solver not in QUADRATIC_CAPABLE
     build_options = dict(build_options or {})
-    if mode == "exact" and not build_options.get("reference"):
+    if mode == "exact":
         build_options.setdefault("free_rows", default_free_rows(solver))
-    form = build(inst, mode=mode, linearize=linearize, **build_options)
+    form = builder(inst, mode=mode, linearize=linearize, **build_options)
     if placement is not None:
         _restrict(form, placement)
     x0 = None
