@@ -26,14 +26,10 @@ pick the tight ones.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
 from xengine.problem import Instance
-from xengine.solvers import SolverOptions, solve
 from xengine.strategies import formulation as F
-from xengine.strategies.bounds import IPM_FROM_VARS, PDLP_FROM_VARS
 from xengine.strategies.formulation import Draft, Formulation
 
 
@@ -120,47 +116,3 @@ def twin_of_first(inst: Instance) -> bool:
         ):
             return True
     return False
-
-
-def variant_lp_bound_s(
-    inst: Instance,
-    builder: Callable[..., Formulation],
-    options: SolverOptions | None = None,
-    free_rows: str | None = None,
-) -> float | None:
-    """:func:`xengine.strategies.bounds.lp_bound_s` (``method="auto"``) of ``builder``'s
-    model, which ``lp_bound_s`` cannot build: the LP relaxation by the simplex, by interior
-    point from :data:`~xengine.strategies.bounds.IPM_FROM_VARS` variables, by PDLP from
-    :data:`~xengine.strategies.bounds.PDLP_FROM_VARS`, the bound taken from the multipliers
-    for the last two. Without ``free_rows`` the tight rows, and the hazard ones for PDLP, as
-    ``lp_bound_s`` picks them."""
-    options = options or SolverOptions()
-    form = builder(inst, mode="exact", free_rows=free_rows or "tight")
-    if form.blocked is not None:
-        return None
-    n = form.model.n_vars
-    method = "pdlp" if n >= PDLP_FROM_VARS else "ipm" if n >= IPM_FROM_VARS else "simplex"
-    if method == "pdlp":
-        from xengine.solvers.pdlp import pdlp_row_duals
-
-        if free_rows is None:
-            form = builder(inst, mode="exact", free_rows="hazard")
-        y, _, _ = pdlp_row_duals(form.model, options.time_limit_s, options.threads)
-        bound = form.model.dual_bound(y)
-        return float(bound) * form.time_scale if np.isfinite(bound) else None
-    relax = SolverOptions(
-        time_limit_s=options.time_limit_s,
-        threads=options.threads,
-        seed=options.seed,
-        relax=True,
-        lp_method=method,
-    )
-    sr = solve(form.model, "highs", relax)
-    if method == "ipm":
-        if sr.row_dual is None:
-            return None
-        bound = form.model.dual_bound(sr.row_dual)
-        return float(bound) * form.time_scale if np.isfinite(bound) else None
-    if sr.status != "optimal" or sr.objective is None:
-        return None
-    return float(sr.objective) * form.time_scale

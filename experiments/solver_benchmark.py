@@ -44,7 +44,6 @@ from baselines.lp_rounding import solve_lp_rounding  # noqa: E402
 from experiments.formulation_variants import (  # noqa: E402
     build_published,
     build_symmetry_broken,
-    variant_lp_bound_s,
 )
 from xengine.checkpoints import min_feasible_budget_bytes  # noqa: E402
 from xengine.graph.synthetic import training_graph  # noqa: E402
@@ -297,7 +296,7 @@ _LP_BOUNDS: dict[tuple, float | None] = {}
 def _lp_bound_once(
     inst: Instance, options: SolverOptions, bopts: dict, formulation: str
 ) -> float | None:
-    """:func:`lp_bound_s` of one written form of one instance (:func:`variant_lp_bound_s` for
+    """:func:`lp_bound_s` of one written form of one instance (its builder for
     :data:`VARIANTS`), solved once per run: the default and coarse rows share the default
     model's relaxation. (A graph's name stands for the graph: within one run each name is
     one graph with one set of costs.)"""
@@ -315,7 +314,7 @@ def _lp_bound_once(
         if variant is None:
             _LP_BOUNDS[key] = lp_bound_s(inst, options, bopts)
         else:
-            _LP_BOUNDS[key] = variant_lp_bound_s(inst, variant, options, bopts.get("free_rows"))
+            _LP_BOUNDS[key] = lp_bound_s(inst, options, bopts, builder=variant)
     return _LP_BOUNDS[key]
 
 

@@ -21,7 +21,7 @@ import contextlib
 import logging
 import multiprocessing
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 
 import numpy as np
@@ -29,7 +29,7 @@ import numpy as np
 from xengine.problem import Instance
 from xengine.solvers import ModelBuilder, SolverOptions, solve
 from xengine.solvers.model import SOLUTION_STATUSES
-from xengine.strategies.formulation import build
+from xengine.strategies.formulation import Formulation, build
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +45,14 @@ def lp_bound_s(
     options: SolverOptions | None = None,
     build_options: dict | None = None,
     method: str = "auto",
+    builder: Callable[..., Formulation] = build,
 ) -> float | None:
     """Lower bound on any schedule's time: the LP relaxation of the exact model (HiGHS).
 
     Valid for every formulation of the same instance, restricted ones included (their optima
-    are never below the exact model's). ``build_options`` pick the written form
-    (:func:`xengine.strategies.formulation.build`); the forms' relaxations differ. Unless they say
+    are never below the exact model's). ``build_options`` pick the written form of
+    :func:`xengine.strategies.formulation.build` (or of ``builder``: the experiments' variants
+    in ``experiments/formulation_variants.py``); the forms' relaxations differ. Unless they say
     otherwise, the simplex and the interior point relax the tight FREE rows, whose
     relaxation is the strongest we have (CPU + H200 costs, two devices, 50 %: 18.54 against
     the hazard rows' 17.73 ms on vgg16, 21.15 against 20.87 ms on resnet18), and PDLP
@@ -77,17 +79,17 @@ def lp_bound_s(
     if method not in LP_METHODS:
         raise ValueError(f"method must be one of {', '.join(LP_METHODS)}, not {method!r}")
     build_options = dict(build_options or {})
-    chosen = "free_rows" in build_options or build_options.get("reference")
+    chosen = "free_rows" in build_options
     if not chosen:
         build_options["free_rows"] = "hazard" if method == "pdlp" else "tight"
-    form = build(inst, mode="exact", **build_options)
+    form = builder(inst, mode="exact", **build_options)
     if form.blocked is not None:
         return None
     if method == "auto":
         n = form.model.n_vars  # the same for both FREE-row forms
         method = "pdlp" if n >= PDLP_FROM_VARS else "ipm" if n >= IPM_FROM_VARS else "simplex"
         if method == "pdlp" and not chosen:
-            form = build(inst, mode="exact", **{**build_options, "free_rows": "hazard"})
+            form = builder(inst, mode="exact", **{**build_options, "free_rows": "hazard"})
     if method == "pdlp":
         from xengine.solvers.pdlp import pdlp_row_duals
 
