@@ -49,13 +49,13 @@ from xengine.checkpoints import min_feasible_budget_bytes  # noqa: E402
 from xengine.graph.synthetic import training_graph  # noqa: E402
 from xengine.graph.types import CopyModel, Graph  # noqa: E402
 from xengine.problem import Instance  # noqa: E402
+from xengine.protocol import warm_start  # noqa: E402
 from xengine.records.plots import save_figure  # noqa: E402
 from xengine.schedule import Schedule  # noqa: E402
-from xengine.simulate import keep_all_peak_bytes, simulate  # noqa: E402
+from xengine.simulate import keep_all_peak_bytes  # noqa: E402
 from xengine.solvers import SolverOptions, SolverUnavailable  # noqa: E402
 from xengine.strategies.bounds import lp_bound_s, placement_bound_s  # noqa: E402
 from xengine.strategies.coarsen import coarsen, solve_coarse  # noqa: E402
-from xengine.strategies.distribute import start_candidates  # noqa: E402
 from xengine.strategies.formulation import build  # noqa: E402
 from xengine.strategies.solve import agree, solve_xengine  # noqa: E402
 
@@ -323,24 +323,22 @@ def starting_schedule(
 ) -> tuple[Schedule | None, str, float | None]:
     """(schedule, label, simulated time) of the best start of kind ``warm`` for ``inst``.
 
-    ``heuristic``: the best one-device heuristic schedule that fits; ``spread``: also the
-    one-device heuristics spread over the devices and the placed model
-    (:func:`xengine.strategies.distribute.start_candidates`)."""
+    ``heuristic``: the best one-device heuristic schedule that fits its own device's budget (no
+    solver); ``spread``: also the protocol's warm start (:func:`xengine.protocol.warm_start`,
+    the one ``run.py`` uses), with the best heuristic on each device alone with the total
+    memory standing in for the protocol's single-device rows."""
     x0, label, t0_s = None, "", None
     ws = warm_schedule(inst)
     if ws is not None:
         x0, label, t0_s = ws.schedule.on_devices(inst.devices), ws.strategy, ws.sim.time_s
     if warm == "spread" and inst.n_devices > 1:
         total = int(sum(inst.budget_bytes))
-        singles = []
-        for d in range(inst.n_devices):
-            res = best_fitting(run_heuristics(inst.only_device(d, total)))
-            if res is not None:
-                singles.append((f"{res.strategy} on {inst.devices[d]}", res.schedule))
-        for lab, sched in start_candidates(inst, singles, solver, options, mode=mode):
-            t_s = simulate(inst, sched).time_s
-            if x0 is None or t_s < t0_s:
-                x0, label, t0_s = sched, lab, t_s
+        alone = [
+            best_fitting(run_heuristics(inst.only_device(d, total))) for d in range(inst.n_devices)
+        ]
+        start = warm_start(inst, [r for r in alone if r is not None], solver, options, mode)
+        if start is not None and (x0 is None or start[2] < t0_s):
+            label, x0, t0_s = start
     return x0, label, t0_s
 
 
