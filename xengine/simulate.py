@@ -80,6 +80,9 @@ def simulate(inst: Instance, sched: Schedule, check_budget: bool = True) -> Simu
     an output kept that was never on the device, computing ahead of the frontier) and, with
     ``check_budget``, for one that exceeds a device budget (the message names the first step
     that does). With ``check_budget=False`` budget excesses are listed in ``violations``.
+
+    The whole-schedule rules are checked first (:func:`_check_structure`); then the stages
+    are replayed in order (:class:`_Replay`, the semantics of the module docstring).
     """
     g = inst.graph
     n, D = g.size, inst.n_devices
@@ -89,38 +92,66 @@ def simulate(inst: Instance, sched: Schedule, check_budget: bool = True) -> Simu
     if R.shape != (D, n, n):
         raise ScheduleError(f"schedule has shape {R.shape}, expected {(D, n, n)} (T = n stages)")
     A = sched.states_for(g)
-    m = g.output_bytes
-    sb = g.state_bytes
-    w = inst.workspace_bytes
-    C = inst.compute_s
-    CP = inst.copy_s
-    budgets = inst.budgets
-    in_edges = g.in_edges
-    state_src = g.state_source.tolist()
-    names = [v.name for v in g.nodes]
-    dev = inst.devices
-    _check_structure(g, R, S, A, names)
-
-    time_compute = 0.0
-    time_copy = 0.0
-    n_comp = n_recomp = n_copies = 0
-    copied = 0
-    ops: list[Op] = []
-    mem_cols: list[np.ndarray] = []
-    steps: list[tuple[int, int]] = []
-    violations: list[str] = []
-    computed_once = np.zeros(n, dtype=bool)
-
+    replay = _Replay(inst, R, S, A, check_budget)
+    _check_structure(g, R, S, A, replay.names)
     for t in range(n):
+        replay.stage(t)
+    return replay.result()
+
+
+class _Replay:
+    """The simulator's state while it replays a schedule stage by stage (DESIGN.md section
+    5): the totals so far, the operations and the memory of every device at every step.
+
+    Within a stage, ``alive``/``alive_st`` are the values and states on each device,
+    ``alive_bytes`` their bytes, and ``keep_next``/``keep_st`` what stage ``t + 1`` keeps."""
+
+    def __init__(
+        self, inst: Instance, R: np.ndarray, S: np.ndarray, A: np.ndarray, check_budget: bool
+    ) -> None:
+        g = inst.graph
+        self.n, self.D = g.size, inst.n_devices
+        self.R, self.S, self.A = R, S, A
+        self.check_budget = check_budget
+        self.m = g.output_bytes
+        self.sb = g.state_bytes
+        self.w = inst.workspace_bytes
+        self.C = inst.compute_s
+        self.CP = inst.copy_s
+        self.budgets = inst.budgets
+        self.in_edges = g.in_edges
+        self.state_src = g.state_source.tolist()
+        self.state_reader = g.state_reader
+        self.names = [v.name for v in g.nodes]
+        self.dev = inst.devices
+
+        self.time_compute = 0.0
+        self.time_copy = 0.0
+        self.n_comp = self.n_recomp = self.n_copies = 0
+        self.copied = 0
+        self.ops: list[Op] = []
+        self.mem_cols: list[np.ndarray] = []
+        self.steps: list[tuple[int, int]] = []
+        self.violations: list[str] = []
+        self.computed_once = np.zeros(self.n, dtype=bool)
+
+    def stage(self, t: int) -> None:
+        """Stage ``t``: start from its residents, run every node it computes in topological
+        order (:meth:`step`), then drop what stage ``t + 1`` does not keep."""
+        R, S, A, D, n, m, sb = self.R, self.S, self.A, self.D, self.n, self.m, self.sb
         if not R[:, t, t].any():
-            raise ScheduleError(f"stage {t}: node {t} ({names[t]}) is not computed on any device")
+            raise ScheduleError(
+                f"stage {t}: node {t} ({self.names[t]}) is not computed on any device"
+            )
         alive = [set(np.flatnonzero(S[d, t]).tolist()) for d in range(D)]
         alive_st = [set(np.flatnonzero(A[d, t]).tolist()) for d in range(D)]
         last = t + 1 >= n
         keep_next = [set() if last else set(np.flatnonzero(S[d, t + 1]).tolist()) for d in range(D)]
         keep_st = [set() if last else set(np.flatnonzero(A[d, t + 1]).tolist()) for d in range(D)]
-        _check_kept(R, t, alive, keep_next, alive_st, keep_st, names, dev)
-        alive_bytes = np.array(
+        _check_kept(R, t, alive, keep_next, alive_st, keep_st, self.names, self.dev)
+        self.alive, self.alive_st = alive, alive_st
+        self.keep_next, self.keep_st = keep_next, keep_st
+        self.alive_bytes = np.array(
             [
                 sum(int(m[i]) for i in a) + sum(int(sb[i]) for i in b)
                 for a, b in zip(alive, alive_st, strict=True)
@@ -131,113 +162,140 @@ def simulate(inst: Instance, sched: Schedule, check_budget: bool = True) -> Simu
         # last reader (by node index) of every value in this stage
         last_use: dict[int, int] = {}
         for v in comp_nodes.tolist():
-            for e in in_edges[v]:
+            for e in self.in_edges[v]:
                 last_use[e.src] = max(last_use.get(e.src, -1), v)
         frees_at: dict[int, list[int]] = {}
         for u, v in last_use.items():
             frees_at.setdefault(v, []).append(u)
 
         for v in comp_nodes.tolist():
-            step_mem = alive_bytes.copy()
-            for d in np.flatnonzero(R[:, t, v]).tolist():
-                if v in alive[d]:
-                    raise ScheduleError(
-                        f"stage {t}: node {v} ({names[v]}) is recomputed on {dev[d]} while it "
-                        "is already there"
-                    )
-                u = state_src[v]
-                if u >= 0 and u not in alive_st[d]:
-                    raise ScheduleError(
-                        f"stage {t}: node {v} ({names[v]}) on {dev[d]} needs the autograd "
-                        f"state of node {u} ({names[u]}), which is not on {dev[d]} (a state "
-                        f"cannot be copied: {names[u]} must have run on {dev[d]} and its "
-                        "state must be kept there)"
-                    )
-                transient = 0
-                for e in in_edges[v]:
-                    u = e.src
-                    if u in alive[d]:
-                        continue
-                    holders = [h for h in range(D) if u in alive[h]]
-                    if not holders:
-                        raise ScheduleError(
-                            f"stage {t}: node {v} ({names[v]}) on {dev[d]} needs node {u} "
-                            f"({names[u]}), which is on no device at that point"
-                        )
-                    if not e.copyable:
-                        raise ScheduleError(
-                            f"stage {t}: node {v} ({names[v]}) on {dev[d]} needs the autograd "
-                            f"state of node {u} ({names[u]}), which cannot be copied from "
-                            f"{dev[holders[0]]}; it must be on {dev[d]}"
-                        )
-                    src = min(holders, key=lambda h: (CP[h, d, u], h))
-                    time_copy += float(CP[src, d, u])
-                    n_copies += 1
-                    copied += int(m[u])
-                    transient += int(m[u])
-                    ops.append(Op("copy", t, u, d, src))
-                ops.append(Op("compute", t, v, d))
-                time_compute += float(C[d, v])
-                n_comp += 1
-                if computed_once[v]:
-                    n_recomp += 1
-                computed_once[v] = True
-                alive[d].add(v)
-                alive_bytes[d] += int(m[v])
-                if g.state_reader[v] >= 0:
-                    alive_st[d].add(v)
-                    alive_bytes[d] += int(sb[v])
-                step_mem[d] = alive_bytes[d] + transient + int(w[d, v])
-            # devices that did not run v hold what is alive on them (plus v on those that did)
-            for d in range(D):
-                if not R[d, t, v]:
-                    step_mem[d] = alive_bytes[d]
-            mem_cols.append(step_mem)
-            steps.append((t, v))
-            for d in range(D):
-                if step_mem[d] > budgets[d] + BUDGET_TOLERANCE_BYTES:
-                    msg = (
-                        f"stage {t}, node {v} ({names[v]}): {dev[d]} needs {int(step_mem[d])} "
-                        f"bytes, budget {int(budgets[d])}"
-                    )
-                    if check_budget:
-                        raise ScheduleError(msg)
-                    violations.append(msg)
-            for u in frees_at.get(v, []):
-                for d in range(D):
-                    if u in alive[d] and u not in keep_next[d]:
-                        alive[d].discard(u)
-                        alive_bytes[d] -= int(m[u])
-                        ops.append(Op("free", t, u, d))
-            u = state_src[v]
-            if u >= 0:
-                for d in range(D):
-                    if u in alive_st[d] and u not in keep_st[d]:
-                        alive_st[d].discard(u)
-                        alive_bytes[d] -= int(sb[u])
-                        ops.append(Op("free_state", t, u, d))
+            self.step(t, v, frees_at.get(v, []))
         # end of stage: drop what is neither used nor kept
         for d in range(D):
             for u in sorted(alive[d] - keep_next[d]):
-                ops.append(Op("free", t, u, d))
+                self.ops.append(Op("free", t, u, d))
             for u in sorted(alive_st[d] - keep_st[d]):
-                ops.append(Op("free_state", t, u, d))
+                self.ops.append(Op("free_state", t, u, d))
 
-    mem = np.stack(mem_cols, axis=1) if mem_cols else np.zeros((D, 0), dtype=np.int64)
-    return Simulation(
-        time_s=time_compute + time_copy,
-        compute_time_s=time_compute,
-        copy_time_s=time_copy,
-        n_computes=n_comp,
-        n_recomputes=n_recomp,
-        n_copies=n_copies,
-        copied_bytes=copied,
-        peak_bytes=mem.max(axis=1) if mem.size else np.zeros(D, dtype=np.int64),
-        mem_bytes=mem,
-        steps=steps,
-        ops=ops,
-        violations=violations,
-    )
+    def step(self, t: int, v: int, frees: list[int]) -> None:
+        """One step: node ``v`` on every device that runs it in stage ``t``, the memory of
+        every device during it (checked against the budgets), then the frees after it: the
+        values whose last reader in the stage is ``v`` (``frees``) and the state ``v``
+        read, where stage ``t + 1`` does not keep them."""
+        R, D, m, sb, ops = self.R, self.D, self.m, self.sb, self.ops
+        alive, alive_st, alive_bytes = self.alive, self.alive_st, self.alive_bytes
+        step_mem = alive_bytes.copy()
+        for d in np.flatnonzero(R[:, t, v]).tolist():
+            transient = self.compute(t, v, d)
+            step_mem[d] = alive_bytes[d] + transient + int(self.w[d, v])
+        # devices that did not run v hold what is alive on them (plus v on those that did)
+        for d in range(D):
+            if not R[d, t, v]:
+                step_mem[d] = alive_bytes[d]
+        self.mem_cols.append(step_mem)
+        self.steps.append((t, v))
+        self._check_budgets(t, v, step_mem)
+        for u in frees:
+            for d in range(D):
+                if u in alive[d] and u not in self.keep_next[d]:
+                    alive[d].discard(u)
+                    alive_bytes[d] -= int(m[u])
+                    ops.append(Op("free", t, u, d))
+        u = self.state_src[v]
+        if u >= 0:
+            for d in range(D):
+                if u in alive_st[d] and u not in self.keep_st[d]:
+                    alive_st[d].discard(u)
+                    alive_bytes[d] -= int(sb[u])
+                    ops.append(Op("free_state", t, u, d))
+
+    def compute(self, t: int, v: int, d: int) -> int:
+        """Compute ``v`` on device ``d`` in stage ``t``: check that it is not there yet and
+        that the state it reads is, copy each missing input from its cheapest holder, and
+        count the time. Returns the bytes of the transient copies (alive while ``v`` runs)."""
+        names, dev, m = self.names, self.dev, self.m
+        alive, alive_st, alive_bytes = self.alive, self.alive_st, self.alive_bytes
+        if v in alive[d]:
+            raise ScheduleError(
+                f"stage {t}: node {v} ({names[v]}) is recomputed on {dev[d]} while it "
+                "is already there"
+            )
+        u = self.state_src[v]
+        if u >= 0 and u not in alive_st[d]:
+            raise ScheduleError(
+                f"stage {t}: node {v} ({names[v]}) on {dev[d]} needs the autograd "
+                f"state of node {u} ({names[u]}), which is not on {dev[d]} (a state "
+                f"cannot be copied: {names[u]} must have run on {dev[d]} and its "
+                "state must be kept there)"
+            )
+        transient = 0
+        CP = self.CP
+        for e in self.in_edges[v]:
+            u = e.src
+            if u in alive[d]:
+                continue
+            holders = [h for h in range(self.D) if u in alive[h]]
+            if not holders:
+                raise ScheduleError(
+                    f"stage {t}: node {v} ({names[v]}) on {dev[d]} needs node {u} "
+                    f"({names[u]}), which is on no device at that point"
+                )
+            if not e.copyable:
+                raise ScheduleError(
+                    f"stage {t}: node {v} ({names[v]}) on {dev[d]} needs the autograd "
+                    f"state of node {u} ({names[u]}), which cannot be copied from "
+                    f"{dev[holders[0]]}; it must be on {dev[d]}"
+                )
+            src = min(holders, key=lambda h: (CP[h, d, u], h))
+            self.time_copy += float(CP[src, d, u])
+            self.n_copies += 1
+            self.copied += int(m[u])
+            transient += int(m[u])
+            self.ops.append(Op("copy", t, u, d, src))
+        self.ops.append(Op("compute", t, v, d))
+        self.time_compute += float(self.C[d, v])
+        self.n_comp += 1
+        if self.computed_once[v]:
+            self.n_recomp += 1
+        self.computed_once[v] = True
+        alive[d].add(v)
+        alive_bytes[d] += int(m[v])
+        if self.state_reader[v] >= 0:
+            alive_st[d].add(v)
+            alive_bytes[d] += int(self.sb[v])
+        return transient
+
+    def _check_budgets(self, t: int, v: int, step_mem: np.ndarray) -> None:
+        """A device above its budget at this step: an error, or (``check_budget=False``) a
+        violation listed in the result."""
+        for d in range(self.D):
+            if step_mem[d] > self.budgets[d] + BUDGET_TOLERANCE_BYTES:
+                msg = (
+                    f"stage {t}, node {v} ({self.names[v]}): {self.dev[d]} needs "
+                    f"{int(step_mem[d])} bytes, budget {int(self.budgets[d])}"
+                )
+                if self.check_budget:
+                    raise ScheduleError(msg)
+                self.violations.append(msg)
+
+    def result(self) -> Simulation:
+        D = self.D
+        mem_cols = self.mem_cols
+        mem = np.stack(mem_cols, axis=1) if mem_cols else np.zeros((D, 0), dtype=np.int64)
+        return Simulation(
+            time_s=self.time_compute + self.time_copy,
+            compute_time_s=self.time_compute,
+            copy_time_s=self.time_copy,
+            n_computes=self.n_comp,
+            n_recomputes=self.n_recomp,
+            n_copies=self.n_copies,
+            copied_bytes=self.copied,
+            peak_bytes=mem.max(axis=1) if mem.size else np.zeros(D, dtype=np.int64),
+            mem_bytes=mem,
+            steps=self.steps,
+            ops=self.ops,
+            violations=self.violations,
+        )
 
 
 def _check_structure(g, R: np.ndarray, S: np.ndarray, A: np.ndarray, names: list[str]) -> None:

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from xengine.graph.types import Graph
 from xengine.simulate import Op
@@ -103,7 +104,44 @@ def compile_plan(
     ``requires_grad[v]``: whether ``v``'s output needs one (else ``B_v`` does nothing);
     ``fuse=False``: no groups (every backward node its own autograd call, as interpreted);
     ``mutates_buffers[v]``: ``v`` updates module buffers (batch norm), which a recomputation
-    restores in place: autograd would see them changed under what it saved."""
+    restores in place: autograd would see them changed under what it saved.
+
+    Three passes (see the module docstring): walk the ops once to learn which instance of
+    each register and state every compute reads (:func:`_walk_ops`), cut the backward
+    computes into groups (:func:`_find_groups`), then mark the native forward computes
+    (:func:`_native_forwards`)."""
+    facts = _graph_facts(graph, grad_inputs)
+    walk = _walk_ops(ops, facts, grad_inputs)
+    groups, internal = _find_groups(ops, facts, walk, requires_grad, train, fuse)
+    connect = {(walk.state_of[k], u) for k, u in internal}
+    native = _native_forwards(ops, groups, walk, mutates_buffers)
+    return Plan(
+        first_compute=frozenset(walk.first_compute),
+        state_of=walk.state_of,
+        connect=frozenset(connect),
+        internal=frozenset(internal),
+        groups=groups,
+        native=frozenset(native),
+    )
+
+
+@dataclass
+class _GraphFacts:
+    """What the plan reads of the graph, per node: the number of forward nodes ``nf``, each
+    node's kind and forward twin, per forward node its gradient consumers and its state's
+    reader, and per node the forward values autograd saves for it (DESIGN.md section 3:
+    a forward node its saved inputs, a backward node its twin's saved inputs and, if saved,
+    the twin's output)."""
+
+    nf: int
+    kinds: list[str]
+    fwd_of: list[int | None]
+    consumers: list[list[int]]
+    state_reader: Any
+    saved_values: list[list[int]]
+
+
+def _graph_facts(graph: Graph, grad_inputs: Sequence[Sequence[int]]) -> _GraphFacts:
     nf = (graph.size - 1) // 2
     kinds = [v.kind for v in graph.nodes]
     fwd_of = [v.fwd_index for v in graph.nodes]
@@ -111,9 +149,6 @@ def compile_plan(
     for w in range(nf):
         for u in grad_inputs[w]:
             consumers[u].append(w)
-    state_reader = graph.state_reader
-    # what autograd saves: per forward node its saved inputs, per backward node the forward
-    # values it reads (its twin's saved inputs and, if saved, the twin's output)
     saved_values: list[list[int]] = [[] for _ in range(graph.size)]
     for b in range(graph.size):
         if kinds[b] == "bwd":
@@ -121,29 +156,54 @@ def compile_plan(
             saved = [e.src for e in graph.in_edges[b] if kinds[e.src] == "fwd"]
             saved_values[b] = saved
             saved_values[w] = [u for u in saved if u != w]
+    return _GraphFacts(nf, kinds, fwd_of, consumers, graph.state_reader, saved_values)
 
+
+@dataclass
+class _OpWalk:
+    """What one pass over the ops finds. An *instance* is the op index of the compute that
+    made a register or a state; ``None`` stands for a transient copy.
+
+    ``first_compute``: computes that are their node's first in the step; ``in_inst``: per
+    forward compute, the instance of each input that receives a gradient; ``saved_at``: per
+    compute, the instance of each value autograd saves for it; ``state_of``: per backward
+    compute, the forward compute whose state it uses, ``state_uses`` how many do; ``copied``:
+    computes whose register was copied to another device; ``reads``: per (B_w compute, u),
+    the B_u computes that read that gradient register; ``contrib_src``: per B_u compute,
+    (w, instance of B_w's register) for each consumer w; ``uses_copy``: computes that read
+    a transient copy."""
+
+    first_compute: set[int] = field(default_factory=set)
+    in_inst: dict[int, dict[int, int | None]] = field(default_factory=dict)
+    saved_at: dict[int, dict[int, int | None]] = field(default_factory=dict)
+    state_of: dict[int, int] = field(default_factory=dict)
+    state_uses: dict[int, int] = field(default_factory=dict)
+    copied: set[int] = field(default_factory=set)
+    reads: dict[tuple[int, int], list[int]] = field(default_factory=dict)
+    contrib_src: dict[int, list[tuple[int, int | None]]] = field(default_factory=dict)
+    uses_copy: set[int] = field(default_factory=set)
+
+
+def _walk_ops(
+    ops: Sequence[Op], facts: _GraphFacts, grad_inputs: Sequence[Sequence[int]]
+) -> _OpWalk:
+    """Replay the registers, states and transient copies of every device along ``ops`` (as
+    the simulator makes them, DESIGN.md section 5) and record, per compute, which instances
+    it reads: a group may only link computes through the very instances they use."""
+    nf, kinds, fwd_of = facts.nf, facts.kinds, facts.fwd_of
     D = 1 + max((op.device for op in ops), default=0)
     D = max(D, 1 + max((op.src_device for op in ops if op.src_device is not None), default=0))
     val: list[dict[int, int]] = [{} for _ in range(D)]  # register instance: compute op index
     st: list[dict[int, int]] = [{} for _ in range(D)]  # state instance
     transient: list[set[int]] = [set() for _ in range(D)]
     seen: set[int] = set()
-    first_compute: set[int] = set()
-    in_inst: dict[int, dict[int, int | None]] = {}  # forward compute -> input -> instance
-    saved_at: dict[int, dict[int, int | None]] = {}  # compute -> saved value -> instance
-    state_of: dict[int, int] = {}
-    state_uses: dict[int, int] = {}
-    copied: set[int] = set()  # compute ops whose register was copied to another device
-    reads: dict[tuple[int, int], list[int]] = {}  # (B_w compute, u) -> readers (B_u computes)
-    contrib_src: dict[int, list[tuple[int, int | None]]] = {}  # B_u compute -> (w, instance)
-    uses_copy: set[int] = set()  # computes that read a transient copy
-
+    out = _OpWalk()
     for i, op in enumerate(ops):
         d = op.device
         if op.kind == "copy":
             src = val[op.src_device].get(op.node)
             if src is not None:
-                copied.add(src)
+                out.copied.add(src)
             transient[d].add(op.node)
             continue
         if op.kind == "free":
@@ -154,74 +214,58 @@ def compile_plan(
             continue
         v = op.node
         if v not in seen:
-            first_compute.add(i)
+            out.first_compute.add(i)
             seen.add(v)
         if transient[d]:
-            uses_copy.add(i)
+            out.uses_copy.add(i)
         kind = kinds[v]
-        saved_at[i] = {u: (None if u in transient[d] else val[d].get(u)) for u in saved_values[v]}
+        out.saved_at[i] = {
+            u: (None if u in transient[d] else val[d].get(u)) for u in facts.saved_values[v]
+        }
         if kind == "fwd":
-            in_inst[i] = {u: (None if u in transient[d] else val[d].get(u)) for u in grad_inputs[v]}
-            if state_reader[v] >= 0:
+            out.in_inst[i] = {
+                u: (None if u in transient[d] else val[d].get(u)) for u in grad_inputs[v]
+            }
+            if facts.state_reader[v] >= 0:
                 st[d][v] = i
         elif kind == "bwd":
             u = fwd_of[v]
             s = st[d].get(u)
             if s is not None:
-                state_of[i] = s
-                state_uses[s] = state_uses.get(s, 0) + 1
+                out.state_of[i] = s
+                out.state_uses[s] = out.state_uses.get(s, 0) + 1
             srcs = []
-            for w in consumers[u]:
+            for w in facts.consumers[u]:
                 b = backward_node(nf, w)
                 k = None if b in transient[d] else val[d].get(b)
                 srcs.append((w, k))
                 if k is not None:
-                    reads.setdefault((k, u), []).append(i)
-            contrib_src[i] = srcs
+                    out.reads.setdefault((k, u), []).append(i)
+            out.contrib_src[i] = srcs
         val[d][v] = i
         transient[d].clear()
+    return out
 
-    def fusable(i: int) -> bool:
-        op = ops[i]
-        if not (fuse and train) or op.kind != "compute" or kinds[op.node] != "bwd":
-            return False
-        u = fwd_of[op.node]
-        s = state_of.get(i)
-        return (
-            requires_grad[u]
-            and i in first_compute
-            and i not in uses_copy
-            and s is not None
-            and state_uses.get(s) == 1
-        )
 
+def _find_groups(
+    ops: Sequence[Op],
+    facts: _GraphFacts,
+    walk: _OpWalk,
+    requires_grad: Sequence[bool],
+    train: bool,
+    fuse: bool,
+) -> tuple[dict[int, Group], set[tuple[int, int]]]:
+    """The groups, by their first op index, and the internal edges of all of them.
+
+    One scan over the ops grows the current group while the next backward compute may join
+    it: same device, its state made before the last member's (autograd runs the ready node
+    made last first), each gradient from a member an internal edge, none from a register
+    (a pass has one root). Any other compute closes the group; frees extend it."""
+    nf, fwd_of = facts.nf, facts.fwd_of
+    state_of, contrib_src = walk.state_of, walk.contrib_src
     last_read: dict[int, int] = {}  # B_w compute -> the last compute that reads its register
-    for (k, _u), readers in reads.items():
+    for (k, _u), readers in walk.reads.items():
         last_read[k] = max(last_read.get(k, -1), *readers)
-
-    def internal_ok(k: int, u: int, j: int) -> bool:
-        """Can B_w@k hand its gradient for u to B_u@j inside autograd?"""
-        s_w, s_u = state_of.get(k), state_of.get(j)
-        return (
-            k not in copied
-            and reads.get((k, u)) == [j]
-            and s_w is not None
-            and s_u is not None
-            and in_inst.get(s_w, {}).get(u) == s_u
-            # autograd frees the gradient once its last reader has run: so must the schedule
-            and _freed_next(ops, last_read[k], ops[k].node, "free")
-        )
-
-    def root_freed(i: int) -> bool:
-        """Can compute ``i`` be a pass's root? A root gradient that is one register goes to
-        autograd as it is, and a backward such as add's hands it on as its own output: the
-        register must then be freed right after ``i``, or the two would share memory that
-        the simulator counts twice. A sum of several is a fresh tensor."""
-        u = fwd_of[ops[i].node]
-        srcs = [backward_node(nf, w) for w, _k in contrib_src[i]]
-        if u == nf - 1:
-            srcs.append(nf)  # the loss
-        return len(srcs) != 1 or _freed_next(ops, i, srcs[0], "free")
 
     groups: dict[int, Group] = {}
     internal: set[tuple[int, int]] = set()
@@ -242,7 +286,7 @@ def compile_plan(
             if cur:
                 last_op = i
             continue
-        if not fusable(i):
+        if not _fusable(ops, i, facts, walk, requires_grad, train, fuse):
             close(last_op)
             continue
         j, u = i, fwd_of[op.node]
@@ -254,7 +298,7 @@ def compile_plan(
             members = set(cur)
             for _w, k in contrib_src[j]:
                 if k in members:
-                    if not internal_ok(k, u, j):
+                    if not _internal_ok(ops, walk, last_read, k, u, j):
                         joins = False
                         break
                     mine.add((k, u))
@@ -263,16 +307,83 @@ def compile_plan(
             joins = joins and n_ext == 0
         if not joins:
             close(last_op)
-            if not root_freed(i):
-                continue  # run on its own: see root_freed
+            if not _root_freed(ops, i, facts, walk):
+                continue  # run on its own: see _root_freed
             cur_first = i
             mine = set()
         cur.append(i)
         cur_internal |= mine
         last_op = i
     close(last_op)
+    return groups, internal
 
-    connect = {(state_of[k], u) for k, u in internal}
+
+def _fusable(
+    ops: Sequence[Op],
+    i: int,
+    facts: _GraphFacts,
+    walk: _OpWalk,
+    requires_grad: Sequence[bool],
+    train: bool,
+    fuse: bool,
+) -> bool:
+    """Can op ``i`` be in a group? A backward compute that does something (its forward
+    output needs a gradient), the first of its node in the step (parameter gradients are
+    accumulated then), reading no transient copy, and the only reader of its state."""
+    op = ops[i]
+    if not (fuse and train) or op.kind != "compute" or facts.kinds[op.node] != "bwd":
+        return False
+    u = facts.fwd_of[op.node]
+    s = walk.state_of.get(i)
+    return (
+        requires_grad[u]
+        and i in walk.first_compute
+        and i not in walk.uses_copy
+        and s is not None
+        and walk.state_uses.get(s) == 1
+    )
+
+
+def _internal_ok(
+    ops: Sequence[Op], walk: _OpWalk, last_read: dict[int, int], k: int, u: int, j: int
+) -> bool:
+    """Can B_w@k hand its gradient for u to B_u@j inside autograd?"""
+    s_w, s_u = walk.state_of.get(k), walk.state_of.get(j)
+    return (
+        k not in walk.copied
+        and walk.reads.get((k, u)) == [j]
+        and s_w is not None
+        and s_u is not None
+        and walk.in_inst.get(s_w, {}).get(u) == s_u
+        # autograd frees the gradient once its last reader has run: so must the schedule
+        and _freed_next(ops, last_read[k], ops[k].node, "free")
+    )
+
+
+def _root_freed(ops: Sequence[Op], i: int, facts: _GraphFacts, walk: _OpWalk) -> bool:
+    """Can compute ``i`` be a pass's root? A root gradient that is one register goes to
+    autograd as it is, and a backward such as add's hands it on as its own output: the
+    register must then be freed right after ``i``, or the two would share memory that
+    the simulator counts twice. A sum of several is a fresh tensor."""
+    nf = facts.nf
+    u = facts.fwd_of[ops[i].node]
+    srcs = [backward_node(nf, w) for w, _k in walk.contrib_src[i]]
+    if u == nf - 1:
+        srcs.append(nf)  # the loss
+    return len(srcs) != 1 or _freed_next(ops, i, srcs[0], "free")
+
+
+def _native_forwards(
+    ops: Sequence[Op],
+    groups: dict[int, Group],
+    walk: _OpWalk,
+    mutates_buffers: Sequence[bool],
+) -> set[int]:
+    """The forward computes whose saved tensors autograd may keep itself (module
+    docstring): their backward runs in a group, the schedule frees their state right after
+    it, and every value they saved is still that very register when it runs. A forward
+    that updates buffers and runs more than once is never native: its recomputation puts
+    the buffers back in place, under what autograd saved."""
     n_computes: dict[int, int] = {}
     for op in ops:
         if op.kind == "compute":
@@ -280,23 +391,18 @@ def compile_plan(
     native = set()
     for grp in groups.values():
         for k in grp.computes:
-            i = state_of[k]
+            i = walk.state_of[k]
             w = ops[i].node
             if mutates_buffers and mutates_buffers[w] and n_computes[w] > 1:
                 continue
             if not _freed_next(ops, k, w, "free_state"):
                 continue  # autograd would release the state before the schedule does
-            made = {**saved_at[i], w: i}  # what the forward saved: inputs, and its own output
-            if all(made.get(u) is not None and made.get(u) == x for u, x in saved_at[k].items()):
+            made = {**walk.saved_at[i], w: i}  # what the forward saved: inputs, and its own output
+            if all(
+                made.get(u) is not None and made.get(u) == x for u, x in walk.saved_at[k].items()
+            ):
                 native.add(i)
-    return Plan(
-        first_compute=frozenset(first_compute),
-        state_of=state_of,
-        connect=frozenset(connect),
-        internal=frozenset(internal),
-        groups=groups,
-        native=frozenset(native),
-    )
+    return native
 
 
 def _freed_next(ops: Sequence[Op], k: int, node: int, kind: str) -> bool:

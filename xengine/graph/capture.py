@@ -355,12 +355,20 @@ def _trace_ops(
     mode: str,
     name: str,
 ) -> tuple[list[OpSpec], OpSpec]:
+    """Run the forward ops one by one on the example batch and describe each (DESIGN.md
+    section 3): the ops and their measurements, in trace order, and the output op.
+
+    Per fx node: its argument template (:func:`_op_template`), one run on fresh leaves that
+    alias its inputs, under saved-tensor hooks (:func:`_run_once`), and what that run shows
+    (:func:`_describe_output`). A node whose result is not a tensor (a size, a shape) is
+    folded into its readers as a constant. Then only the ops the output depends on are kept
+    (:func:`_live_ops`) and, for training, the output and target are checked against the
+    loss (:func:`_check_loss_shapes`)."""
     train = mode == "train"
     values: dict[fx.Node, Any] = {x_node: x}
     spec_of: dict[fx.Node, OpSpec] = {}
     order: list[fx.Node] = []
-    params = dict(gm.named_parameters())
-    param_name_of = {id(p): n for n, p in params.items()}
+    param_name_of = {id(p): n for n, p in gm.named_parameters()}
     fixed = fixed_storage_ptrs(gm, x, target)
 
     for node in gm.graph.nodes:
@@ -369,92 +377,13 @@ def _trace_ops(
         if node.op == "get_attr":
             values[node] = _Slot("attr", path=str(node.target))
             continue
-        # argument template: op-node tensors become input slots, the batch becomes x
-        inputs: list[fx.Node] = []
-        reads_x = False
-
-        def to_slot(a: fx.Node, inputs=inputs) -> Any:
-            nonlocal reads_x
-            if a is x_node:
-                reads_x = True
-                return _Slot("x")
-            if a in spec_of:
-                if a not in inputs:
-                    inputs.append(a)
-                return _Slot("in", inputs.index(a))
-            return values[a]  # a constant: folded non-tensor value or an attribute
-
-        args = fx.node.map_arg(node.args, to_slot)
-        kwargs = dict(fx.node.map_arg(node.kwargs, to_slot))
-        if node.op == "call_function" and kwargs.get("inplace") is True:
-            kwargs.pop("inplace")
-        if node.op == "call_function" and node.target in (operator.iadd, operator.imul):
-            raise GraphError(f"{name}: op {node.name!r} is an in-place {_target_name(node)}")
-        module_path = str(node.target) if node.op == "call_module" else None
-        pnames: list[str] = []
-        if module_path is not None:
-            sub = gm.get_submodule(module_path)
-            pnames = [f"{module_path}.{n}" for n, p in sub.named_parameters() if p.requires_grad]
-
-        def find_params(a: Any, pnames=pnames) -> None:
-            if isinstance(a, _Slot) and a.kind == "attr":
-                a = _get_attr(gm, a.path)
-            if isinstance(a, nn.Parameter) and a.requires_grad and id(a) in param_name_of:
-                if param_name_of[id(a)] not in pnames:
-                    pnames.append(param_name_of[id(a)])
-            elif isinstance(a, (tuple, list)):
-                for b in a:
-                    find_params(b)
-            elif isinstance(a, dict):
-                for b in a.values():
-                    find_params(b)
-
-        find_params(args)
-        find_params(kwargs)
-
-        spec = OpSpec(
-            index=-1,
-            name=node.name,
-            op=node.op,
-            target=node.target,
-            args=args,
-            kwargs=kwargs,
-            inputs=(),  # filled below, once we know the result is a tensor
-            reads_x=reads_x,
-            module_path=module_path,
-            param_names=tuple(pnames),
-        )
+        spec, inputs = _op_template(gm, node, x_node, values, spec_of, param_name_of, name)
         in_vals = [values[u] for u in inputs]
         in_specs = [spec_of[u] for u in inputs]
         leaves = [
             alias_leaf(t, train and s.requires_grad) for t, s in zip(in_vals, in_specs, strict=True)
         ]
-        saved: list[torch.Tensor] = []
-
-        def pack(t: torch.Tensor, saved=saved) -> int:
-            saved.append(t)
-            return len(saved) - 1
-
-        def unpack(i: int, saved=saved) -> torch.Tensor:
-            return saved[i]
-
-        run = spec.bind(gm)
-        rng0 = TorchState()  # compared with afterwards: did the op draw random numbers?
-        versions0 = (
-            [b._version for b in gm.get_submodule(module_path).buffers()] if module_path else []
-        )
-        try:
-            with (
-                torch.set_grad_enabled(train),
-                torch.autograd.graph.saved_tensors_hooks(pack, unpack),
-            ):
-                y = run(leaves, x)
-        except Exception as exc:
-            raise GraphError(
-                f"{name}: op {node.name!r} ({_target_name(node)}) failed on the example "
-                f"batch: {exc}"
-            ) from exc
-
+        y, saved, stochastic, mutates = _run_once(gm, node, spec, leaves, x, train, name)
         if not isinstance(y, torch.Tensor):
             if _contains_tensor(y):
                 raise GraphError(
@@ -464,56 +393,200 @@ def _trace_ops(
                 )
             values[node] = y  # a non-tensor value (a size, a shape): folded as a constant
             continue
-
-        in_ptrs = {storage_ptr(t): u for t, u in zip(in_vals, inputs, strict=True)}
-        clone = storage_ptr(y) in in_ptrs or storage_ptr(y) in fixed or storage_ptr(y) == 0
-        if clone and y.numel() > 0:
-            with torch.set_grad_enabled(train):
-                y = y.clone()
-        out_ptr = storage_ptr(y)
-        saved_inputs: list[fx.Node] = []
-        saves_output = False
-        extras: dict[int, int] = {}
-        for t in saved:
-            p = storage_ptr(t)
-            if p == 0:
-                continue
-            if p in in_ptrs:
-                if in_ptrs[p] not in saved_inputs:
-                    saved_inputs.append(in_ptrs[p])
-            elif p == out_ptr:
-                saves_output = True
-            elif p not in fixed:
-                extras[p] = int(t.untyped_storage().nbytes())
-
-        spec.inputs = tuple(inputs)  # type: ignore[assignment]  # fx nodes, renumbered below
-        spec.requires_grad = bool(train and y.requires_grad)
-        spec.grad_inputs = tuple(
-            u for u, s in zip(inputs, in_specs, strict=True) if s.requires_grad
-        )
-        spec.saved_inputs = tuple(saved_inputs)
-        spec.saves_output = saves_output
-        spec.extra_bytes = sum(extras.values())
-        spec.output_bytes = int(y.untyped_storage().nbytes())
-        spec.output_shape = tuple(y.shape)
-        spec.output_dtype = str(y.dtype).removeprefix("torch.")
-        spec.clone_output = bool(clone)
-        spec.stochastic = rng0.rng_moved()
-        spec.mutates_buffers = bool(
-            module_path
-            and [b._version for b in gm.get_submodule(module_path).buffers()] != versions0
-        )
-        if not spec.requires_grad:
-            spec.param_names = ()
-        spec.grad_alias = _gradient_aliases(y, leaves, in_specs) if spec.requires_grad else ()
+        y = _describe_output(spec, y, saved, inputs, in_vals, in_specs, leaves, fixed, train)
+        spec.stochastic = stochastic
+        spec.mutates_buffers = mutates
         values[node] = y.detach()
         spec_of[node] = spec
         order.append(node)
         del saved[:]
 
+    specs = _live_ops(spec_of, order, out_arg, name)
+    out = specs[-1]
+    if train:
+        _check_loss_shapes(out, x, target, name)
+    return specs, out
+
+
+def _op_template(
+    gm: fx.GraphModule,
+    node: fx.Node,
+    x_node: fx.Node,
+    values: dict[fx.Node, Any],
+    spec_of: dict[fx.Node, OpSpec],
+    param_name_of: dict[int, str],
+    name: str,
+) -> tuple[OpSpec, list[fx.Node]]:
+    """The op of ``node`` as an :class:`OpSpec` not yet measured, and the op nodes it reads
+    (distinct, in argument order).
+
+    Its arguments become a template: tensors of earlier ops are input slots, the batch is
+    ``x``, everything else a constant, so the executor can bind the op to any device's model
+    copy. In-place functions are refused or switched off (module docstring); the parameters
+    it uses (its module's, or ones passed to a function) are the gradients ``B_v`` makes."""
+    inputs: list[fx.Node] = []
+    reads_x = False
+
+    def to_slot(a: fx.Node) -> Any:
+        nonlocal reads_x
+        if a is x_node:
+            reads_x = True
+            return _Slot("x")
+        if a in spec_of:
+            if a not in inputs:
+                inputs.append(a)
+            return _Slot("in", inputs.index(a))
+        return values[a]  # a constant: folded non-tensor value or an attribute
+
+    args = fx.node.map_arg(node.args, to_slot)
+    kwargs = dict(fx.node.map_arg(node.kwargs, to_slot))
+    if node.op == "call_function" and kwargs.get("inplace") is True:
+        kwargs.pop("inplace")
+    if node.op == "call_function" and node.target in (operator.iadd, operator.imul):
+        raise GraphError(f"{name}: op {node.name!r} is an in-place {_target_name(node)}")
+    module_path = str(node.target) if node.op == "call_module" else None
+    pnames: list[str] = []
+    if module_path is not None:
+        sub = gm.get_submodule(module_path)
+        pnames = [f"{module_path}.{n}" for n, p in sub.named_parameters() if p.requires_grad]
+
+    def find_params(a: Any) -> None:
+        if isinstance(a, _Slot) and a.kind == "attr":
+            a = _get_attr(gm, a.path)
+        if isinstance(a, nn.Parameter) and a.requires_grad and id(a) in param_name_of:
+            if param_name_of[id(a)] not in pnames:
+                pnames.append(param_name_of[id(a)])
+        elif isinstance(a, (tuple, list)):
+            for b in a:
+                find_params(b)
+        elif isinstance(a, dict):
+            for b in a.values():
+                find_params(b)
+
+    find_params(args)
+    find_params(kwargs)
+    spec = OpSpec(
+        index=-1,
+        name=node.name,
+        op=node.op,
+        target=node.target,
+        args=args,
+        kwargs=kwargs,
+        inputs=(),  # filled by _describe_output, once we know the result is a tensor
+        reads_x=reads_x,
+        module_path=module_path,
+        param_names=tuple(pnames),
+    )
+    return spec, inputs
+
+
+def _run_once(
+    gm: fx.GraphModule,
+    node: fx.Node,
+    spec: OpSpec,
+    leaves: list[torch.Tensor],
+    x: torch.Tensor,
+    train: bool,
+    name: str,
+) -> tuple[Any, list[torch.Tensor], bool, bool]:
+    """Run the op once on ``leaves``: its result, the tensors autograd saved for its
+    backward (caught with :func:`torch.autograd.graph.saved_tensors_hooks`; the list stays
+    the one the hooks read, so empty it once the op is described), and whether the op drew
+    random numbers (the CPU generator moved) or changed its module's buffers (their version
+    counters moved): the executor replays the one and restores the other on a recomputation
+    (DESIGN.md section 8). A failing op is a :class:`GraphError` that names it."""
+    saved: list[torch.Tensor] = []
+
+    def pack(t: torch.Tensor) -> int:
+        saved.append(t)
+        return len(saved) - 1
+
+    def unpack(i: int) -> torch.Tensor:
+        return saved[i]
+
+    module_path = spec.module_path
+    run = spec.bind(gm)
+    rng0 = TorchState()  # compared with afterwards: did the op draw random numbers?
+    versions0 = [b._version for b in gm.get_submodule(module_path).buffers()] if module_path else []
+    try:
+        with (
+            torch.set_grad_enabled(train),
+            torch.autograd.graph.saved_tensors_hooks(pack, unpack),
+        ):
+            y = run(leaves, x)
+    except Exception as exc:
+        raise GraphError(
+            f"{name}: op {node.name!r} ({_target_name(node)}) failed on the example batch: {exc}"
+        ) from exc
+    stochastic = rng0.rng_moved()
+    mutates = bool(
+        module_path and [b._version for b in gm.get_submodule(module_path).buffers()] != versions0
+    )
+    return y, saved, stochastic, mutates
+
+
+def _describe_output(
+    spec: OpSpec,
+    y: torch.Tensor,
+    saved: list[torch.Tensor],
+    inputs: list[fx.Node],
+    in_vals: list[torch.Tensor],
+    in_specs: list[OpSpec],
+    leaves: list[torch.Tensor],
+    fixed: set[int],
+    train: bool,
+) -> torch.Tensor:
+    """Fill in ``spec`` from one run of the op and return its output, cloned where it
+    shares storage with an input, a parameter or a buffer (every node owns its value).
+
+    The saved tensors are sorted by storage, as DESIGN.md section 3 says: an input's is a
+    saved input (value edge ``F_u -> B_v``), the output's makes ``saves_output`` (``F_v ->
+    B_v``), a parameter's or buffer's is fixed memory, anything else is the op's autograd
+    state (``extra_bytes``). ``inputs`` are fx nodes here; :func:`_live_ops` renumbers."""
+    in_ptrs = {storage_ptr(t): u for t, u in zip(in_vals, inputs, strict=True)}
+    clone = storage_ptr(y) in in_ptrs or storage_ptr(y) in fixed or storage_ptr(y) == 0
+    if clone and y.numel() > 0:
+        with torch.set_grad_enabled(train):
+            y = y.clone()
+    out_ptr = storage_ptr(y)
+    saved_inputs: list[fx.Node] = []
+    saves_output = False
+    extras: dict[int, int] = {}
+    for t in saved:
+        p = storage_ptr(t)
+        if p == 0:
+            continue
+        if p in in_ptrs:
+            if in_ptrs[p] not in saved_inputs:
+                saved_inputs.append(in_ptrs[p])
+        elif p == out_ptr:
+            saves_output = True
+        elif p not in fixed:
+            extras[p] = int(t.untyped_storage().nbytes())
+
+    spec.inputs = tuple(inputs)  # type: ignore[assignment]  # fx nodes, renumbered later
+    spec.requires_grad = bool(train and y.requires_grad)
+    spec.grad_inputs = tuple(u for u, s in zip(inputs, in_specs, strict=True) if s.requires_grad)
+    spec.saved_inputs = tuple(saved_inputs)
+    spec.saves_output = saves_output
+    spec.extra_bytes = sum(extras.values())
+    spec.output_bytes = int(y.untyped_storage().nbytes())
+    spec.output_shape = tuple(y.shape)
+    spec.output_dtype = str(y.dtype).removeprefix("torch.")
+    spec.clone_output = bool(clone)
+    if not spec.requires_grad:
+        spec.param_names = ()
+    spec.grad_alias = _gradient_aliases(y, leaves, in_specs) if spec.requires_grad else ()
+    return y
+
+
+def _live_ops(
+    spec_of: dict[fx.Node, OpSpec], order: list[fx.Node], out_arg: fx.Node, name: str
+) -> list[OpSpec]:
+    """The ops the model's output depends on, in trace order, numbered 0.. (graph node
+    ``i`` is ``ops[i]``) with their inputs renumbered: an op nobody reads is no node."""
     if out_arg not in spec_of:
         raise GraphError(f"{name}: the model's output is not computed by an op of the trace")
-    # keep only ops the output depends on
     live: set[fx.Node] = set()
     stack = [out_arg]
     while stack:
@@ -532,19 +605,21 @@ def _trace_ops(
         s.grad_inputs = tuple(index[u] for u in s.grad_inputs)  # type: ignore[index]
         s.saved_inputs = tuple(index[u] for u in s.saved_inputs)  # type: ignore[index]
         specs.append(s)
-    out = specs[-1]
-    if train:
-        if len(out.output_shape) != 2 or out.output_shape[0] != x.shape[0]:
-            raise GraphError(
-                f"{name}: the model's output has shape {list(out.output_shape)}; the loss "
-                "(cross-entropy) needs logits of shape [batch, classes]"
-            )
-        if tuple(target.shape) != (x.shape[0],):
-            raise GraphError(
-                f"{name}: target has shape {list(target.shape)}; expected [{x.shape[0]}] "
-                "class indices"
-            )
-    return specs, out
+    return specs
+
+
+def _check_loss_shapes(out: OpSpec, x: torch.Tensor, target: torch.Tensor, name: str) -> None:
+    """The training loss is cross-entropy: logits ``[batch, classes]``, ``batch`` class
+    indices as the target."""
+    if len(out.output_shape) != 2 or out.output_shape[0] != x.shape[0]:
+        raise GraphError(
+            f"{name}: the model's output has shape {list(out.output_shape)}; the loss "
+            "(cross-entropy) needs logits of shape [batch, classes]"
+        )
+    if tuple(target.shape) != (x.shape[0],):
+        raise GraphError(
+            f"{name}: target has shape {list(target.shape)}; expected [{x.shape[0]}] class indices"
+        )
 
 
 def gradient_key(t: torch.Tensor) -> tuple:

@@ -145,7 +145,42 @@ def _get(source: str, field: str, obj: Mapping[str, Any], *keys: str) -> Any:
 
 
 def graph_from_dict(data: Any, source: str = "graph", default_name: str = "graph") -> Graph:
-    """Build a :class:`Graph` from parsed JSON; ``source`` names the file in errors."""
+    """Build a :class:`Graph` from parsed JSON; ``source`` names the file in errors.
+
+    The steps follow the file (see the module docstring): the header, the nodes keyed by
+    their ids, the links between ids, a topological renumbering, the copy models. Each step
+    checks its own part, so the first error met is the one reported."""
+    version, name, fixed_bytes, raw_nodes, raw_links = _read_header(data, source, default_name)
+    ids, pos_of, parsed = _read_nodes(raw_nodes, source)
+    edges = _read_links(raw_links, ids, pos_of, version, source)
+    pairs = {(u, v) for u, v, _ in edges}
+    order = _topological_order(len(parsed), pairs, [p["name"] for p in parsed], source)
+    new_index = {old: new for new, old in enumerate(order)}
+    nodes = _renumbered_nodes(parsed, order, pos_of, new_index, source)
+    copy_models = _read_copy_models(data.get("copy", []), source)
+    try:
+        return Graph(
+            name,
+            tuple(nodes),
+            tuple(
+                Edge(new_index[u], new_index[v], c, kind)
+                for (u, v, kind), c in sorted(edges.items())
+            ),
+            fixed_bytes=fixed_bytes,
+            copy_models=copy_models,
+            meta={"source": source},
+        )
+    except GraphError as exc:
+        raise GraphError(f"{source}: {exc}") from None
+
+
+def _read_header(
+    data: Any, source: str, default_name: str
+) -> tuple[Any, str, int, list[Any], list[Any]]:
+    """Format, version, name and fixed bytes, and the node and link lists (not yet read).
+
+    The version decides how links are read (version 1 has value links only, DESIGN.md
+    section 3); the name and fixed bytes may sit where networkx or Checkmate put them."""
     if not isinstance(data, dict):
         raise _err(source, "top level", f"expected a JSON object, got {type(data).__name__}")
     fmt = data.get("format", FORMAT)
@@ -169,8 +204,16 @@ def graph_from_dict(data: Any, source: str = "graph", default_name: str = "graph
     raw_links = data.get("links", data.get("edges", []))
     if not isinstance(raw_links, list):
         raise _err(source, "links", "expected a list of links")
+    return version, name, fixed_bytes, raw_nodes, raw_links
 
-    # ---- nodes, keyed by their id in the file
+
+def _read_nodes(
+    raw_nodes: list[Any], source: str
+) -> tuple[list[Any], dict[Any, int], list[dict[str, Any]]]:
+    """The nodes in file order: their ids, each id's position, and each node's fields.
+
+    Ids and names must be unique: links and ``fwd_index`` name ids, and a profile's tables
+    name nodes (``compute_s[device][node name]``)."""
     ids: list[Any] = []
     pos_of: dict[Any, int] = {}
     names_seen: dict[str, int] = {}
@@ -194,73 +237,88 @@ def graph_from_dict(data: Any, source: str = "graph", default_name: str = "graph
                 f"{nname!r} is used twice (also nodes[{names_seen[nname]}])",
             )
         names_seen[nname] = k
-        if "kind" in raw:
-            kind = raw["kind"]
-            if kind not in NODE_KINDS:
-                raise _err(
-                    source, f"{field}.kind", f"{kind!r} is not one of {', '.join(NODE_KINDS)}"
-                )
-        elif "backward" in raw:
-            if not isinstance(raw["backward"], bool):
-                raise _err(
-                    source, f"{field}.backward", f"expected true or false, got {raw['backward']!r}"
-                )
-            kind = "bwd" if raw["backward"] else "fwd"
-        else:
-            raise _err(source, f"{field}.kind", "missing (or a Checkmate 'backward' flag)")
-        out_field = "output_bytes" if "output_bytes" in raw else "cost_ram"
-        out_bytes = _number(
+        parsed.append({"name": nname, **_read_node_fields(raw, field, source)})
+    return ids, pos_of, parsed
+
+
+def _read_node_fields(raw: Mapping[str, Any], field: str, source: str) -> dict[str, Any]:
+    """One node's kind, bytes (value, workspace, state, workspace per device), costs per
+    device and ``fwd_index`` (an id, resolved once every node is known).
+
+    Checkmate's names are read where ours are absent: ``backward`` for the kind,
+    ``cost_ram`` for the output bytes, ``cost_cpu`` for the cost on ``cpu``."""
+    kind = _read_node_kind(raw, field, source)
+    out_field = "output_bytes" if "output_bytes" in raw else "cost_ram"
+    out_bytes = _number(
+        source,
+        f"{field}.{out_field}",
+        _get(source, field, raw, "output_bytes", "cost_ram"),
+        integer=True,
+    )
+    ws = _number(source, f"{field}.workspace_bytes", raw.get("workspace_bytes", 0), integer=True)
+    state = _number(source, f"{field}.state_bytes", raw.get("state_bytes", 0), integer=True)
+    dws = raw.get("device_workspace_bytes", {})
+    if not isinstance(dws, dict):
+        raise _err(
             source,
-            f"{field}.{out_field}",
-            _get(source, field, raw, "output_bytes", "cost_ram"),
-            integer=True,
+            f"{field}.device_workspace_bytes",
+            f"expected an object device -> bytes, got {dws!r}",
         )
-        ws = _number(
-            source, f"{field}.workspace_bytes", raw.get("workspace_bytes", 0), integer=True
-        )
-        state = _number(source, f"{field}.state_bytes", raw.get("state_bytes", 0), integer=True)
-        dws = raw.get("device_workspace_bytes", {})
-        if not isinstance(dws, dict):
+    dev_ws = {
+        str(d): int(_number(source, f"{field}.device_workspace_bytes.{d}", w, integer=True))
+        for d, w in dws.items()
+    }
+    cost: dict[str, float] = {}
+    if "cost_s" in raw:
+        table = raw["cost_s"]
+        if not isinstance(table, dict):
             raise _err(
                 source,
-                f"{field}.device_workspace_bytes",
-                f"expected an object device -> bytes, got {dws!r}",
+                f"{field}.cost_s",
+                f"expected an object device -> seconds, got {table!r}",
             )
-        dev_ws = {
-            str(d): int(_number(source, f"{field}.device_workspace_bytes.{d}", w, integer=True))
-            for d, w in dws.items()
-        }
-        cost: dict[str, float] = {}
-        if "cost_s" in raw:
-            table = raw["cost_s"]
-            if not isinstance(table, dict):
-                raise _err(
-                    source,
-                    f"{field}.cost_s",
-                    f"expected an object device -> seconds, got {table!r}",
-                )
-            for dev, val in table.items():
-                cost[str(dev)] = float(_number(source, f"{field}.cost_s.{dev}", val))
-        if "cost_cpu" in raw and "cpu" not in cost:
-            cost["cpu"] = float(_number(source, f"{field}.cost_cpu", raw["cost_cpu"]))
-        fwd = raw.get("fwd_index")
-        if fwd is not None:
-            fwd = _node_id(source, f"{field}.fwd_index", fwd)
-        parsed.append(
-            {
-                "name": nname,
-                "kind": kind,
-                "out": int(out_bytes),
-                "ws": int(ws),
-                "state": int(state),
-                "dev_ws": dev_ws,
-                "cost": cost,
-                "fwd": fwd,
-            }
-        )
+        for dev, val in table.items():
+            cost[str(dev)] = float(_number(source, f"{field}.cost_s.{dev}", val))
+    if "cost_cpu" in raw and "cpu" not in cost:
+        cost["cpu"] = float(_number(source, f"{field}.cost_cpu", raw["cost_cpu"]))
+    fwd = raw.get("fwd_index")
+    if fwd is not None:
+        fwd = _node_id(source, f"{field}.fwd_index", fwd)
+    return {
+        "kind": kind,
+        "out": int(out_bytes),
+        "ws": int(ws),
+        "state": int(state),
+        "dev_ws": dev_ws,
+        "cost": cost,
+        "fwd": fwd,
+    }
 
-    # ---- links, as positions in the node list
-    n = len(parsed)
+
+def _read_node_kind(raw: Mapping[str, Any], field: str, source: str) -> str:
+    """``kind`` (one of ``NODE_KINDS``), else Checkmate's ``backward`` flag."""
+    if "kind" in raw:
+        kind = raw["kind"]
+        if kind not in NODE_KINDS:
+            raise _err(source, f"{field}.kind", f"{kind!r} is not one of {', '.join(NODE_KINDS)}")
+        return kind
+    if "backward" in raw:
+        if not isinstance(raw["backward"], bool):
+            raise _err(
+                source, f"{field}.backward", f"expected true or false, got {raw['backward']!r}"
+            )
+        return "bwd" if raw["backward"] else "fwd"
+    raise _err(source, f"{field}.kind", "missing (or a Checkmate 'backward' flag)")
+
+
+def _read_links(
+    raw_links: list[Any], ids: list[Any], pos_of: dict[Any, int], version: Any, source: str
+) -> dict[tuple[int, int, str], bool]:
+    """The links as ``(source position, target position, kind) -> copyable``.
+
+    A ``state`` link (version 2) ties a backward op to its forward op's autograd state and is
+    never copyable (DESIGN.md section 3); a value link is copyable unless the file says not
+    (version-1 files mark the values kept for the backward op that way)."""
     edges: dict[tuple[int, int, str], bool] = {}
     for k, raw in enumerate(raw_links):
         field = f"links[{k}]"
@@ -285,11 +343,20 @@ def graph_from_dict(data: Any, source: str = "graph", default_name: str = "graph
         if key in edges:
             raise _err(source, field, f"link {ids[key[0]]!r} -> {ids[key[1]]!r} appears twice")
         edges[key] = copyable
+    return edges
 
-    pairs = {(u, v) for u, v, _ in edges}
-    order = _topological_order(n, pairs, [p["name"] for p in parsed], source)
-    new_index = {old: new for new, old in enumerate(order)}
 
+def _renumbered_nodes(
+    parsed: list[dict[str, Any]],
+    order: list[int],
+    pos_of: dict[Any, int],
+    new_index: dict[int, int],
+    source: str,
+) -> list[Node]:
+    """The :class:`Node` objects in topological ``order``, ``fwd_index`` as the new index.
+
+    :class:`Node` checks its own values; its error is reported under the node's position in
+    the file."""
     nodes = []
     for old in order:
         p = parsed[old]
@@ -315,9 +382,13 @@ def graph_from_dict(data: Any, source: str = "graph", default_name: str = "graph
             )
         except GraphError as exc:
             raise _err(source, f"nodes[{old}]", str(exc)) from None
+    return nodes
 
+
+def _read_copy_models(raw_copy: Any, source: str) -> dict[tuple[str, str], CopyModel]:
+    """Per ordered device pair, latency + bytes / bandwidth (the copy model of DESIGN.md
+    section 4); a bandwidth must be positive, since a copy's time divides by it."""
     copy_models: dict[tuple[str, str], CopyModel] = {}
-    raw_copy = data.get("copy", [])
     if not isinstance(raw_copy, list):
         raise _err(
             source, "copy", "expected a list of {src, dst, latency_s, bandwidth_bytes_per_s}"
@@ -340,21 +411,7 @@ def graph_from_dict(data: Any, source: str = "graph", default_name: str = "graph
         if bw <= 0:
             raise _err(source, f"{field}.bandwidth_bytes_per_s", "must be positive")
         copy_models[(a, b)] = CopyModel(lat, bw)
-
-    try:
-        return Graph(
-            name,
-            tuple(nodes),
-            tuple(
-                Edge(new_index[u], new_index[v], c, kind)
-                for (u, v, kind), c in sorted(edges.items())
-            ),
-            fixed_bytes=fixed_bytes,
-            copy_models=copy_models,
-            meta={"source": source},
-        )
-    except GraphError as exc:
-        raise GraphError(f"{source}: {exc}") from None
+    return copy_models
 
 
 def _topological_order(n: int, edges, names: list[str], source: str) -> list[int]:
