@@ -30,9 +30,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from baselines.checkmate import solve_checkmate  # noqa: E402
-from xengine.graph.capture import capture_net  # noqa: E402
 from xengine.problem import Instance  # noqa: E402
 from xengine.profile.profiler import apply_profile, profile_model  # noqa: E402
+from xengine.profile.workspace import capture_net  # noqa: E402
 from xengine.records.plots import save_figure  # noqa: E402
 from xengine.simulate import keep_all_peak_bytes  # noqa: E402
 from xengine.solvers import SolverOptions  # noqa: E402

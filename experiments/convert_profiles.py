@@ -26,9 +26,9 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from xengine.graph.capture import capture_net  # noqa: E402
 from xengine.graph.io import save_graph  # noqa: E402
 from xengine.profile.profiler import Profile, apply_profile  # noqa: E402
+from xengine.profile.workspace import capture_net  # noqa: E402
 
 log = logging.getLogger("convert_profiles")
 NOTE = "converted to graph version 2 (values and autograd states)"

@@ -35,9 +35,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from xengine.execute.executor import reference_step  # noqa: E402
-from xengine.graph.capture import capture_net  # noqa: E402
 from xengine.graph.io import save_graph  # noqa: E402
 from xengine.profile.profiler import apply_profile, profile_model  # noqa: E402
+from xengine.profile.workspace import capture_net  # noqa: E402
 
 log = logging.getLogger("device_profiles")
 

@@ -35,10 +35,10 @@ sys.path.insert(0, str(ROOT))
 
 from xengine.execute.executor import execute, reference_step  # noqa: E402
 from xengine.execute.grads import check_grads, reference_devices  # noqa: E402
-from xengine.graph.capture import capture_net  # noqa: E402
 from xengine.prepare import StartState  # noqa: E402
 from xengine.problem import UNLIMITED_BYTES, Instance  # noqa: E402
 from xengine.profile.profiler import Profile, apply_profile  # noqa: E402
+from xengine.profile.workspace import capture_net  # noqa: E402
 from xengine.schedule import Schedule  # noqa: E402
 from xengine.simulate import simulate  # noqa: E402
 

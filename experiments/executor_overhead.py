@@ -53,9 +53,9 @@ sys.path.insert(0, str(ROOT))
 
 from baselines.heuristics import solve_chen_sqrtn  # noqa: E402
 from xengine.execute.executor import CompiledSchedule, PlainStep  # noqa: E402
-from xengine.graph.capture import capture_net  # noqa: E402
 from xengine.problem import Instance  # noqa: E402
 from xengine.profile.profiler import apply_profile, profile_model  # noqa: E402
+from xengine.profile.workspace import capture_net  # noqa: E402
 from xengine.schedule import keep_all_schedule  # noqa: E402
 from xengine.simulate import simulate  # noqa: E402
 

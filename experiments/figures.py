@@ -426,8 +426,8 @@ class GraphSource:
         return self._cache[key]
 
     def _recaptured(self, run: RunRecord) -> tuple[Any, str] | None:
-        from xengine.graph.capture import capture_net
         from xengine.profile.profiler import Profile, apply_profile
+        from xengine.profile.workspace import capture_net
 
         p = run.params
         try:

@@ -20,8 +20,8 @@ from _nets import buffers, costed, resnet18_small, set_buffers
 from _schedules import checkpoint_schedule, forward_devices
 
 from xengine.execute.executor import execute, reference_step
-from xengine.graph.capture import capture_net
 from xengine.problem import Instance
+from xengine.profile.workspace import capture_net
 from xengine.schedule import keep_all_schedule
 
 

@@ -31,9 +31,9 @@ sys.path.insert(0, str(ROOT))
 
 from baselines.checkmate import solve_checkmate  # noqa: E402
 from xengine.execute.executor import execute, reference_step  # noqa: E402
-from xengine.graph.capture import capture_net  # noqa: E402
 from xengine.problem import Instance  # noqa: E402
 from xengine.profile.profiler import apply_profile, profile_model  # noqa: E402
+from xengine.profile.workspace import capture_net  # noqa: E402
 from xengine.records.plots import save_figure  # noqa: E402
 from xengine.schedule import keep_all_schedule  # noqa: E402
 from xengine.solvers import SolverOptions  # noqa: E402

@@ -213,7 +213,7 @@ def net_graph(net: str, batch_size: int, costs: str, graph_dir: Path | None = No
                 ("b", "a"): g.copy_models[("cuda", "cpu")],
             },
         )
-    from xengine.graph.capture import capture_net
+    from xengine.profile.workspace import capture_net
 
     cap = capture_net(net, batch_size=batch_size)
     g = cap.graph

@@ -18,10 +18,10 @@ try:
 finally:
     sys.path.remove(str(REPO / "experiments"))
 
-from xengine.graph.capture import capture_net  # noqa: E402
 from xengine.graph.io import load_graph  # noqa: E402
 from xengine.problem import Instance  # noqa: E402
 from xengine.profile.profiler import Profile, apply_profile, profile_model  # noqa: E402
+from xengine.profile.workspace import capture_net  # noqa: E402
 from xengine.schedule import keep_all_schedule  # noqa: E402
 from xengine.simulate import simulate  # noqa: E402
 

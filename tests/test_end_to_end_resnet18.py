@@ -15,9 +15,9 @@ from baselines.heuristics import solve_checkpoint_all, solve_chen_greedy, solve_
 from baselines.lp_rounding import solve_lp_rounding
 from xengine.checkpoints import min_feasible_budget_bytes
 from xengine.execute.executor import execute, reference_step
-from xengine.graph.capture import capture_net
 from xengine.problem import Instance
 from xengine.profile.profiler import apply_profile, profile_model
+from xengine.profile.workspace import capture_net
 from xengine.simulate import keep_all_peak_bytes
 from xengine.solvers import SolverOptions
 

@@ -360,9 +360,9 @@ def test_tiny_net_on_two_cpu_sub_devices(tmp_path, store):
 
 def test_solve_only_with_a_gpu_profile_needs_no_gpu(tmp_path):
     """devices=cpu+cuda with a profile measured elsewhere and execute=false solves here."""
-    from xengine.graph.capture import capture_net
     from xengine.graph.types import CopyModel
     from xengine.profile.profiler import Profile, profile_key
+    from xengine.profile.workspace import capture_net
 
     cap = capture_net("tiny", 2, image_size=32, num_classes=10)
     key = profile_key(cap, ("cpu",))

@@ -45,22 +45,12 @@ class StartState:
     statistics), and two runs compare equal only from the same start."""
 
     def __init__(self, module: Any) -> None:
-        import torch
+        from xengine.torch_state import TorchState, every_rng_device
 
-        self._module = module
-        self._cpu = torch.get_rng_state()
-        self._cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-        self._buffers = [b.detach().clone() for b in module.buffers()]
+        self._state = TorchState(module.buffers(), rng=every_rng_device())
 
     def restore(self) -> None:
-        import torch
-
-        torch.set_rng_state(self._cpu)
-        if self._cuda is not None:
-            torch.cuda.set_rng_state_all(self._cuda)
-        with torch.no_grad():
-            for b, b0 in zip(self._module.buffers(), self._buffers, strict=True):
-                b.copy_(b0)
+        self._state.restore()
 
 
 def _bytes_view(graph: Graph) -> Graph:
@@ -101,7 +91,7 @@ def prepare(cfg: RunConfig) -> Prepared:
         _check_devices_exist(cfg)
         if cfg.profile_path is not None:
             profile = _read_profile(cfg.profile_path, cfg.devices, cfg)
-        from xengine.graph.capture import capture_net
+        from xengine.profile.workspace import capture_net
 
         log.info(
             "capturing %s (batch %d, %dx%d, %s)",

@@ -282,7 +282,7 @@ def _unique_name(name: str, taken: set[str]) -> str:
 
 
 # ---------------------------------------------------------------------- capture
-def capture(
+def trace(
     module: nn.Module,
     example_input: torch.Tensor,
     target: torch.Tensor,
@@ -771,7 +771,7 @@ def _build_net(net: str, num_classes: int, image_size: int) -> nn.Module:
     return getattr(torchvision.models, net)(weights=None, num_classes=num_classes)
 
 
-def capture_net(
+def trace_net(
     net: str,
     batch_size: int,
     mode: str = "train",
@@ -806,7 +806,7 @@ def capture_net(
         gen = torch.Generator().manual_seed(seed)
         x = torch.randn(batch_size, 3, image_size, image_size, generator=gen)
         target = torch.randint(0, num_classes, (batch_size,), generator=gen)
-    cap = capture(module, x, target, mode=mode, name=net)
+    cap = trace(module, x, target, mode=mode, name=net)
     for w in caught:
         log.warning("%s (building %s): %s", w.category.__name__, net, w.message)
     cap.graph = replace(cap.graph, meta={**cap.graph.meta, "seed": seed})

@@ -46,10 +46,10 @@ def capture(
     name: str = "model",
     measure_workspace: bool = True,
 ) -> CapturedModel:
-    """:func:`xengine.graph.capture.capture`, then (``measure_workspace``, the default) each
+    """:func:`xengine.graph.capture.trace`, then (``measure_workspace``, the default) each
     node's workspace measured on the CPU allocator (:func:`fill_workspaces`); without, it is
     the bytes of the parameter gradients a backward node produces."""
-    cap = graph_capture.capture(module, example_input, target, mode=mode, name=name)
+    cap = graph_capture.trace(module, example_input, target, mode=mode, name=name)
     return fill_workspaces(cap) if measure_workspace else cap
 
 
@@ -62,10 +62,10 @@ def capture_net(
     seed: int = 0,
     measure_workspace: bool = True,
 ) -> CapturedModel:
-    """:func:`xengine.graph.capture.capture_net` (a named net with seeded random weights),
+    """:func:`xengine.graph.capture.trace_net` (a named net with seeded random weights),
     then (``measure_workspace``, the default) each node's workspace measured on the CPU
     allocator (:func:`fill_workspaces`)."""
-    cap = graph_capture.capture_net(
+    cap = graph_capture.trace_net(
         net, batch_size, mode=mode, image_size=image_size, num_classes=num_classes, seed=seed
     )
     return fill_workspaces(cap) if measure_workspace else cap
