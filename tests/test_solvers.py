@@ -226,6 +226,94 @@ def test_registry_entries_resolve_with_the_common_signature():
         assert params[:4] == ["model", "options", "warm_start", "progress"], name
 
 
+def test_every_registered_name_is_declared_by_its_module():
+    from xengine.solvers import BACKENDS, cpsat, cvxpy_backend, gurobi, highs, scip
+
+    declared = [b for mod in (highs, gurobi, scip, cpsat, cvxpy_backend) for b in mod.BACKENDS]
+    assert sorted(b.name for b in declared) == NAMES
+    for b in declared:
+        assert BACKENDS[b.name] is b
+        assert SOLVERS[b.name] == b.target
+        assert b.target.split(":")[0].startswith("xengine.solvers."), b.name
+        assert set(b.statuses.values()) <= set(STATUSES), b.name
+        assert b.takes_milp, b.name
+        assert set(b.packages) == set(PACKAGES[b.name]), b.name  # what require() imports
+    assert [b.name for b in cvxpy_backend.BACKENDS] == ["cvxpy", "cvxpy-scip", "cvxpy-gurobi"]
+
+
+def test_quadratic_set_is_the_declarations():
+    from xengine.solvers import BACKENDS
+
+    assert {n for n, b in BACKENDS.items() if b.takes_quadratic} == set(QUADRATIC_CAPABLE)
+    assert set(QUADRATIC_CAPABLE) == {"gurobi", "scip"}
+    assert {n for n, b in BACKENDS.items() if b.integer_only} == {"cpsat"}
+
+
+def test_available_solvers_lists_only_installed_ones(monkeypatch):
+    from xengine.solvers import BACKENDS, available_solvers
+
+    def installed(name):
+        for pkg in PACKAGES[name]:
+            try:
+                importlib.import_module(pkg)
+            except ImportError:
+                return False
+        return True
+
+    assert list(available_solvers()) == [n for n in BACKENDS if installed(n)]
+    monkeypatch.setitem(sys.modules, "gurobipy", None)  # as if not installed
+    names = available_solvers()
+    assert "gurobi" not in names and "cvxpy-gurobi" not in names
+    with pytest.raises(SolverUnavailable) as exc:  # an unknown name lists every known one
+        solve(knapsack(), "nosuchsolver")
+    msg = str(exc.value)
+    assert "unknown solver 'nosuchsolver'" in msg
+    assert "gurobi (not installed)" in msg
+    assert all(n in msg for n in NAMES)
+
+
+def test_declared_statuses_map_like_the_back_ends():
+    from xengine.solvers import BACKENDS
+    from xengine.solvers.cpsat import BACKEND as CPSAT
+    from xengine.strategies import intervals
+
+    assert intervals.CPSAT is CPSAT  # the interval model reads CP-SAT's statuses from here
+    b = BACKENDS["highs"]
+    assert b.status("kOptimal") == "optimal"
+    assert b.status("kTimeLimit", has_solution=True) == "feasible"
+    assert b.status("kTimeLimit", has_solution=False) == "no_solution"
+    assert b.status("kUnbounded") == "error"  # not in the map
+
+
+def test_importing_the_registry_imports_no_solver():
+    import subprocess
+
+    code = (
+        "import sys, xengine.solvers as s; s.available_solvers(); "
+        "print(sorted(m for m in ('highspy', 'gurobipy', 'pyscipopt', 'ortools', 'cvxpy') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_declared_capabilities_are_what_the_back_end_does(name):
+    from xengine.solvers import BACKENDS
+
+    require(name)
+    b = BACKENDS[name]
+    for takes, model, opts in (
+        (b.takes_quadratic, quadratic(), SolverOptions()),
+        (b.takes_lp, knapsack(), SolverOptions(relax=True)),
+    ):
+        if takes:
+            assert solve(model, name, opts).status == "optimal", name
+        else:
+            with pytest.raises(SolverUnavailable):
+                solve(model, name, opts)
+
+
 # ---------------------------------------------------------------- canonical problems, every solver
 @pytest.mark.parametrize("name", NAMES)
 def test_knapsack_optimum(name):

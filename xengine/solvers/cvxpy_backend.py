@@ -100,12 +100,10 @@ def _solver_options(name: str, options: SolverOptions, is_mip: bool) -> dict:
             # HiGHS keeps one thread pool per process (shared with solver=highs).
             import highspy
 
-            from xengine.solvers import highs as _highs
+            from xengine.solvers.highs import share_thread_pool
 
-            if _highs._THREADS_SET is not None and _highs._THREADS_SET != options.threads:
-                highspy.Highs.resetGlobalScheduler(True)
+            share_thread_pool(highspy, int(options.threads))
             o["threads"] = int(options.threads)
-            _highs._THREADS_SET = int(options.threads)
     elif name == "SCIP":
         p = {
             "limits/gap": float(options.rel_gap),

@@ -101,19 +101,25 @@ def _run_interruptibly(h, time_limit_s: float | None) -> bool:  # noqa: ANN001 -
     return late
 
 
-def _configure(h, highspy, options: SolverOptions, presolve: bool) -> None:
-    """The neutral options as HiGHS options; the process's thread pool is reset when this solve
-    asks for another size than the last (HiGHS keeps one pool per process, sized by the first
-    solve; a solve that asks for another size fails with "Not Set" unless it is reset)."""
+def share_thread_pool(highspy, threads: int) -> None:
+    """HiGHS keeps one thread pool per process, sized by the first solve (``threads`` 0: its
+    default); a solve that asks for another size fails with "Not Set" unless the pool is
+    reset, so it is reset whenever ``threads`` differs from the last solve's. solver=highs and
+    cvxpy's inner HIGHS share the pool and this record of its size."""
     global _THREADS_SET
+    if _THREADS_SET is not None and _THREADS_SET != threads:
+        highspy.Highs.resetGlobalScheduler(True)
+    _THREADS_SET = threads
+
+
+def _configure(h, highspy, options: SolverOptions, presolve: bool) -> None:
+    """The neutral options as HiGHS options (the thread pool: :func:`share_thread_pool`)."""
     h.setOptionValue("output_flag", bool(options.verbose))
     h.setOptionValue("log_to_console", bool(options.verbose))
     threads = int(options.threads or 0)  # 0: HiGHS's default
-    if _THREADS_SET is not None and _THREADS_SET != threads:
-        highspy.Highs.resetGlobalScheduler(True)
+    share_thread_pool(highspy, threads)
     if threads:
         h.setOptionValue("threads", threads)
-    _THREADS_SET = threads
     if options.time_limit_s is not None:
         h.setOptionValue("time_limit", float(options.time_limit_s))
     h.setOptionValue("mip_rel_gap", float(options.rel_gap))

@@ -61,6 +61,13 @@ Two restrictions make the simulator's rules expressible; both are reported with 
 
 A restricted model can miss the MILP's optimum. ``experiments/solver_benchmark.py`` compares
 the two on every suite instance and flags any difference.
+
+The code follows these paragraphs: :func:`_build` makes the model from :func:`_computations`
+(Variables; states by :func:`_add_state`), :func:`_one_stage_per_node` (the second
+restriction), :func:`_value_covers` and :func:`_state_covers` (Reads, States), :func:`_unread`
+(Unread tensors) and one cumulative per device (Memory); :func:`solve_intervals` then adds the
+bounds valid for the whole problem (:func:`_whole_problem_bounds`), searches (:func:`_search`)
+and reports (:func:`_no_schedule` or :func:`_report`, through :func:`schedule_from`).
 """
 
 from __future__ import annotations
@@ -76,8 +83,14 @@ from xengine.problem import Instance
 from xengine.result import StrategyResult, check_with_simulator
 from xengine.schedule import Schedule
 from xengine.simulate import ScheduleError, simulate
+from xengine.solvers.cpsat import BACKEND as CPSAT
 from xengine.solvers.cpsat import run_cpsat
-from xengine.solvers.model import SolverOptions, SolverUnavailable, relative_gap
+from xengine.solvers.model import (
+    SOLUTION_STATUSES,
+    SolverOptions,
+    SolverUnavailable,
+    relative_gap,
+)
 from xengine.strategies.bounds import (
     LpBoundAlongside,
     cpu_split,
@@ -301,18 +314,8 @@ def solve_intervals(
         raise ValueError(f"lp_bound must be True, False or 'alongside', not {lp_bound!r}")
     options = options or SolverOptions()
     t_build = time.perf_counter()
-    g = inst.graph
-    n, D = inst.size, inst.n_devices
-    m, sb = g.output_bytes, g.state_bytes
-    w = inst.workspace_bytes
-    cost = inst.compute_s
-    copy = inst.copy_s
-    budgets = inst.budgets
-    succ = g.successors
-    has_state = g.state_reader >= 0
-
     restriction = f"at most {max_computes} computations per node and device"
-    if D > 1:
+    if inst.n_devices > 1:
         restriction += "; a node's output is on one device at a time within a stage"
     res = StrategyResult(
         strategy=strategy,
@@ -322,21 +325,9 @@ def solve_intervals(
         solver="cpsat",
         extra={"mode": "intervals", "restriction": restriction, "max_computes": max_computes},
     )
-    footprint = np.stack([g.node_lower_bound_bytes(dv) for dv in inst.devices])  # (D, n)
-    can_run = footprint <= budgets[:, None]  # (D, n)
-    blocked = np.flatnonzero(~can_run.any(axis=0))
-    if blocked.size:
-        least = footprint.min(axis=0)
-        v = int(blocked[np.argmax(least[blocked])])
-        res.status = "infeasible"
-        res.message = (
-            f"infeasible: node {g.nodes[v].name} needs {int(least[v])} bytes (inputs + "
-            "output + state + workspace) on one device, more than any device's budget; every "
-            f"budget must be at least {int(least[v])} bytes"
-        )
-        res.extra["min_budget_lower_bound_bytes"] = int(least[v])
+    can_run = _runnable(inst, res)
+    if can_run is None:
         return res
-
     hint = None
     if warm_start is not None:
         try:
@@ -344,87 +335,200 @@ def solve_intervals(
         except ScheduleError as exc:
             log.warning("warm start is not a valid schedule (%s); not used", exc)
     n_comp = _allowance(inst, max_computes, can_run, hint, placement)
-
-    H = n * n
     mdl = cp_model.CpModel()
-    ivs: dict[tuple[int, int], list[_Iv]] = {}
+    built = _build(mdl, inst, n_comp)
+    if hint is not None:
+        _add_hint(mdl, inst, built.ivs, built.covers, hint)
+    build_s = time.perf_counter() - t_build
+    time_limit_s = options.time_limit_s
+    alongside = None
+    search_cpus: set[int] = set()
+    if placement is None:
+        time_limit_s, alongside, search_cpus = _whole_problem_bounds(
+            mdl, inst, options, lp_bound, built, res, strategy
+        )
+    proto = mdl.proto
+    res.build_time_s = build_s
+    res.n_vars = len(proto.variables)
+    res.n_rows = len(proto.constraints)
+    res.n_integer = res.n_vars
+    log.info(
+        "%s: interval model, %d variables, %d constraints, built in %.2f s",
+        strategy,
+        res.n_vars,
+        res.n_rows,
+        build_s,
+    )
+    solver, code = _search(
+        cp_model, mdl, options, progress, time_limit_s, alongside, search_cpus, res, strategy
+    )
+    exact = _unrestricted(inst, n_comp)
+    res.extra["restricted"] = not exact
+    name = solver.status_name(code)
+    status = CPSAT.status(name)
+    if status not in SOLUTION_STATUSES:
+        _no_schedule(res, status, name, exact, restriction)
+        log.info("%s: %s after %.1f s", strategy, res.status, res.solve_time_s)
+        return res
+    _report(res, solver, status, inst, built, exact, restriction, options)
+    return res
+
+
+def _runnable(inst: Instance, res: StrategyResult) -> np.ndarray | None:
+    """Which device can run each node at all (its inputs, output, state and workspace fit the
+    budget), as a (D, n) mask; None, with ``res`` made ``infeasible`` naming the node and the
+    least budget, when some node fits on no device (no model is built then)."""
+    g = inst.graph
+    footprint = np.stack([g.node_lower_bound_bytes(dv) for dv in inst.devices])  # (D, n)
+    can_run = footprint <= inst.budgets[:, None]  # (D, n)
+    blocked = np.flatnonzero(~can_run.any(axis=0))
+    if not blocked.size:
+        return can_run
+    least = footprint.min(axis=0)
+    v = int(blocked[np.argmax(least[blocked])])
+    res.status = "infeasible"
+    res.message = (
+        f"infeasible: node {g.nodes[v].name} needs {int(least[v])} bytes (inputs + "
+        "output + state + workspace) on one device, more than any device's budget; every "
+        f"budget must be at least {int(least[v])} bytes"
+    )
+    res.extra["min_budget_lower_bound_bytes"] = int(least[v])
+    return None
+
+
+@dataclass
+class _Built:
+    """The interval model's parts that the hint, the bounds and the solution need: the
+    computations per (device, node), the cover literals, the objective's terms (literal,
+    nanoseconds) and the objective itself."""
+
+    ivs: dict[tuple[int, int], list[_Iv]]
+    covers: list[_Cover]
+    obj_terms: list[tuple[object, int]]
+    objective_ns: object
+
+
+def _build(mdl, inst: Instance, n_comp: np.ndarray) -> _Built:
+    """The whole interval model (module docstring) in ``mdl``, in this order: computations and
+    their states, one stage per node on two or more devices, value reads, state reads, unread
+    tensors, memory per device, and the objective (compute and copy time, in nanoseconds)."""
+    D = inst.n_devices
     demands: list[list[tuple[object, int]]] = [[] for _ in range(D)]
     obj_terms: list[tuple[object, int]] = []
-    cost_ns = np.rint(cost / TIME_UNIT_S).astype(np.int64)
-    copy_ns = np.rint(copy / TIME_UNIT_S).astype(np.int64)
+    ivs = _computations(mdl, inst, n_comp, demands, obj_terms)
+    if D > 1:
+        _one_stage_per_node(mdl, ivs, inst.size, D)
+    covers = _value_covers(mdl, inst, ivs, demands, obj_terms)
+    covers += _state_covers(mdl, inst.graph, ivs, D)
+    _unread(mdl, inst.graph, ivs, inst.size, D)
+    for d in range(D):
+        if demands[d]:
+            mdl.add_cumulative(
+                [itv for itv, _ in demands[d]],
+                [dem for _, dem in demands[d]],
+                int(inst.budgets[d]),
+            )
+    objective_ns = sum(c * lit for lit, c in obj_terms if c)
+    mdl.minimize(objective_ns)
+    return _Built(ivs, covers, obj_terms, objective_ns)
 
+
+def _computations(mdl, inst: Instance, n_comp: np.ndarray, demands, obj_terms):
+    """The optional computations of every (device, node), ``n_comp`` of them: exactly one
+    first computation of each node (at its own stage, on some device) and, redundant but
+    useful to the LP relaxation, at least one computation of each node."""
+    n, D = inst.size, inst.n_devices
+    cost_ns = np.rint(inst.compute_s / TIME_UNIT_S).astype(np.int64)
+    ivs: dict[tuple[int, int], list[_Iv]] = {}
     for v in range(n):
         firsts = []
         for d in range(D):
             lst: list[_Iv] = []
             for k in range(int(n_comp[d, v])):
-                lo_stage = v if k == 0 else v + 1
-                name = f"{v}_{d}_{k}"
-                pres = mdl.new_bool_var(f"p{name}")
-                stage = mdl.new_int_var(lo_stage, n - 1, f"t{name}")
-                start = stage * n + v
-                end = mdl.new_int_var(lo_stage * n + v, H - 1, f"e{name}")
-                mdl.add(end >= start)
-                size = mdl.new_int_var(1, H, f"z{name}")
-                itv = mdl.new_optional_interval_var(start, size, end + 1, pres, f"i{name}")
-                demands[d].append((itv, int(m[v])))
-                if w[d, v] > 0:
-                    demands[d].append(
-                        (
-                            mdl.new_optional_fixed_size_interval_var(start, 1, pres, f"w{name}"),
-                            int(w[d, v]),
-                        )
-                    )
-                iv = _Iv(v, d, k, pres, start, end, stage=stage)
-                # an absent computation sits at its earliest place (no symmetric copies)
-                rest = lo_stage if (k or v + 1 == n) else v + 1
-                mdl.add(stage == rest).only_enforce_if(pres.Not())
-                mdl.add(end == start).only_enforce_if(pres.Not())
-                if not succ[v]:
-                    mdl.add(end <= stage * (n + 1))  # never read: gone at the end of its stage
+                iv = _computation(mdl, inst, v, d, k, lst[-1] if k else None, demands[d])
                 if k == 0:
-                    iv.first = mdl.new_bool_var(f"f{name}")
-                    mdl.add_implication(iv.first, pres)
-                    mdl.add(stage == v).only_enforce_if(iv.first)
-                    if v + 1 < n:
-                        mdl.add(stage >= v + 1).only_enforce_if(iv.first.Not())
-                    else:
-                        mdl.add_implication(pres, iv.first)
                     firsts.append(iv.first)
-                else:
-                    prev = lst[-1]
-                    mdl.add_implication(pres, prev.pres)
-                    mdl.add(start >= prev.end + 1).only_enforce_if(pres)
-                if has_state[v]:
-                    _add_state(mdl, iv, lst[-1] if k else None, n, lo_stage, int(sb[v]), demands[d])
-                obj_terms.append((pres, int(cost_ns[d, v])))
+                obj_terms.append((iv.pres, int(cost_ns[d, v])))
                 lst.append(iv)
             ivs[(d, v)] = lst
         mdl.add_exactly_one(firsts)
         # redundant, for the LP relaxation: every node is computed at least once
         mdl.add(sum(iv.pres for d in range(D) for iv in ivs[(d, v)]) >= 1)
+    return ivs
 
-    # two or more devices: a node's computations never share a stage (module docstring)
-    if D > 1:
-        for v in range(n):
-            all_v = [iv for d in range(D) for iv in ivs[(d, v)]]
-            if len({iv.d for iv in all_v}) < 2:
-                continue
-            ext = []
-            for iv in all_v:
-                name = f"{v}_{iv.d}_{iv.k}"
-                iv.end_stage = mdl.new_int_var(v, n - 1, f"se{name}")
-                mdl.add(iv.end >= iv.end_stage * n)
-                mdl.add(iv.end <= iv.end_stage * n + n - 1)
-                span = mdl.new_int_var(1, n, f"sp{name}")
-                ext.append(
-                    mdl.new_optional_interval_var(
-                        iv.stage, span, iv.end_stage + 1, iv.pres, f"x{name}"
-                    )
-                )
-            mdl.add_no_overlap(ext)
 
-    # reads: exactly one computation of u covers each computation of w
+def _computation(mdl, inst: Instance, v: int, d: int, k: int, prev: _Iv | None, demand) -> _Iv:
+    """Computation ``k`` of node ``v`` on device ``d``: its output interval (and workspace
+    during its step) in ``demand``, after the previous computation ``prev`` on the device;
+    the first one (``k == 0``) may be the node's first computation, at stage ``v``."""
+    g, n = inst.graph, inst.size
+    H = n * n
+    lo_stage = v if k == 0 else v + 1
+    name = f"{v}_{d}_{k}"
+    pres = mdl.new_bool_var(f"p{name}")
+    stage = mdl.new_int_var(lo_stage, n - 1, f"t{name}")
+    start = stage * n + v
+    end = mdl.new_int_var(lo_stage * n + v, H - 1, f"e{name}")
+    mdl.add(end >= start)
+    size = mdl.new_int_var(1, H, f"z{name}")
+    itv = mdl.new_optional_interval_var(start, size, end + 1, pres, f"i{name}")
+    demand.append((itv, int(g.output_bytes[v])))
+    w = inst.workspace_bytes
+    if w[d, v] > 0:
+        demand.append(
+            (mdl.new_optional_fixed_size_interval_var(start, 1, pres, f"w{name}"), int(w[d, v]))
+        )
+    iv = _Iv(v, d, k, pres, start, end, stage=stage)
+    # an absent computation sits at its earliest place (no symmetric copies)
+    rest = lo_stage if (k or v + 1 == n) else v + 1
+    mdl.add(stage == rest).only_enforce_if(pres.Not())
+    mdl.add(end == start).only_enforce_if(pres.Not())
+    if not g.successors[v]:
+        mdl.add(end <= stage * (n + 1))  # never read: gone at the end of its stage
+    if k == 0:
+        iv.first = mdl.new_bool_var(f"f{name}")
+        mdl.add_implication(iv.first, pres)
+        mdl.add(stage == v).only_enforce_if(iv.first)
+        if v + 1 < n:
+            mdl.add(stage >= v + 1).only_enforce_if(iv.first.Not())
+        else:
+            mdl.add_implication(pres, iv.first)
+    else:
+        mdl.add_implication(pres, prev.pres)
+        mdl.add(start >= prev.end + 1).only_enforce_if(pres)
+    if g.state_reader[v] >= 0:
+        _add_state(mdl, iv, prev, n, lo_stage, int(g.state_bytes[v]), demand)
+    return iv
+
+
+def _one_stage_per_node(mdl, ivs, n: int, D: int) -> None:
+    """Two or more devices: a node's computations never share a stage (module docstring), as
+    no-overlap of their stage spans [stage, end_stage]."""
+    for v in range(n):
+        all_v = [iv for d in range(D) for iv in ivs[(d, v)]]
+        if len({iv.d for iv in all_v}) < 2:
+            continue
+        ext = []
+        for iv in all_v:
+            name = f"{v}_{iv.d}_{iv.k}"
+            iv.end_stage = mdl.new_int_var(v, n - 1, f"se{name}")
+            mdl.add(iv.end >= iv.end_stage * n)
+            mdl.add(iv.end <= iv.end_stage * n + n - 1)
+            span = mdl.new_int_var(1, n, f"sp{name}")
+            ext.append(
+                mdl.new_optional_interval_var(iv.stage, span, iv.end_stage + 1, iv.pres, f"x{name}")
+            )
+        mdl.add_no_overlap(ext)
+
+
+def _value_covers(mdl, inst: Instance, ivs, demands, obj_terms) -> list[_Cover]:
+    """Reads (module docstring): exactly one computation of ``u`` covers each computation of
+    ``w`` for every value edge ``u -> w``. A cover on another device is a copy: its time in
+    the objective, ``m_u`` bytes on the reading device during the step, and allowed only when
+    no computation of ``u`` on that device covers the read (the simulator copies only then)."""
+    g, D = inst.graph, inst.n_devices
+    m = g.output_bytes
+    copy_ns = np.rint(inst.copy_s / TIME_UNIT_S).astype(np.int64)
     covers: list[_Cover] = []
     for e in g.value_edges:
         u, wv = e.src, e.dst
@@ -441,99 +545,85 @@ def solve_intervals(
                         mdl.add(src.start + 1 <= dst.start).only_enforce_if(b)
                         mdl.add(src.end >= dst.start).only_enforce_if(b)
                         src.uses.append(b)
-                        cov = _Cover(b, src, dst, d2 != d)
-                        covers.append(cov)
+                        covers.append(_Cover(b, src, dst, d2 != d))
                         lits.append(b)
                         if d2 != d:
                             remote_lits.append(b)
                             obj_terms.append((b, int(copy_ns[d2, d, u])))
-                            demands[d].append(
-                                (
-                                    mdl.new_optional_fixed_size_interval_var(
-                                        dst.start, 1, b, f"t{u}>{wv}_{d}_{dst.k}_{d2}_{src.k}"
-                                    ),
-                                    int(m[u]),
-                                )
+                            itv = mdl.new_optional_fixed_size_interval_var(
+                                dst.start, 1, b, f"t{u}>{wv}_{d}_{dst.k}_{d2}_{src.k}"
                             )
+                            demands[d].append((itv, int(m[u])))
                 mdl.add(sum(lits) == dst.pres)
                 local = ivs[(d, u)]
                 if remote_lits and local:
-                    # a copy only when no computation of u on d covers the read
-                    c = mdl.new_bool_var(f"r{u}>{wv}_{d}_{dst.k}")
-                    mdl.add(sum(remote_lits) == c)
-                    for src in local:
-                        a1 = mdl.new_bool_var("")
-                        a2 = mdl.new_bool_var("")
-                        mdl.add_bool_or([c.Not(), src.pres.Not(), a1, a2])
-                        mdl.add(src.start >= dst.start + 1).only_enforce_if(a1)
-                        mdl.add(src.end <= dst.start - 1).only_enforce_if(a2)
-    covers += _state_covers(mdl, g, ivs, D)
-    _unread(mdl, g, ivs, n, D)
+                    _copy_only_without_local(mdl, remote_lits, local, dst, f"r{u}>{wv}_{d}_{dst.k}")
+    return covers
 
-    for d in range(D):
-        if demands[d]:
-            mdl.add_cumulative(
-                [itv for itv, _ in demands[d]], [dem for _, dem in demands[d]], int(budgets[d])
-            )
-    objective_ns = sum(c * lit for lit, c in obj_terms if c)
-    mdl.minimize(objective_ns)
-    if hint is not None:
-        _add_hint(mdl, inst, ivs, covers, hint)
-    build_s = time.perf_counter() - t_build
+
+def _copy_only_without_local(mdl, remote_lits: list, local: list[_Iv], dst: _Iv, name: str):
+    """A copy (one of ``remote_lits``) only when no computation of ``u`` on the reading device
+    (``local``) covers the read: each one starts after it or ends before it."""
+    c = mdl.new_bool_var(name)
+    mdl.add(sum(remote_lits) == c)
+    for src in local:
+        a1 = mdl.new_bool_var("")
+        a2 = mdl.new_bool_var("")
+        mdl.add_bool_or([c.Not(), src.pres.Not(), a1, a2])
+        mdl.add(src.start >= dst.start + 1).only_enforce_if(a1)
+        mdl.add(src.end <= dst.start - 1).only_enforce_if(a2)
+
+
+def _whole_problem_bounds(mdl, inst, options, lp_bound, built: _Built, res, strategy: str):
+    """Bounds valid for the whole problem, computed before the search (``solve_intervals``'s
+    docstring says why): the placement bound always, the LP bound unless ``lp_bound`` is off
+    or alongside, each in at most half the time limit; their best is given to CP-SAT as a
+    lower bound on the objective. Returns the time left for the search, the alongside LP
+    bound (or None) and the CPUs the search is pinned to."""
     time_limit_s = options.time_limit_s
     alongside = None
     search_cpus: set[int] = set()
-    if placement is None:
-        t_lp = time.perf_counter()
-        half = None if time_limit_s is None else time_limit_s / 2
-        res.extra["placement_bound_s"] = placement_bound_s(
-            inst, replace(options, time_limit_s=half)
-        )
-        res.extra["lp_bound_s"] = (
-            lp_bound_s(inst, replace(options, time_limit_s=half)) if lp_bound is True else None
-        )
-        res.extra["lp_bound_time_s"] = time.perf_counter() - t_lp
-        if time_limit_s is not None:
-            time_limit_s = max(time_limit_s - res.extra["lp_bound_time_s"], 0.01)
-        bound = max(
-            (b for b in (res.extra["lp_bound_s"], res.extra["placement_bound_s"]) if b is not None),
-            default=None,
-        )
-        if bound is not None:
-            # integer costs are rounded to the nanosecond: leave one per term of slack
-            mdl.add(objective_ns >= int(np.floor(bound / TIME_UNIT_S)) - len(obj_terms))
-        log.info(
-            "%s: LP bound %s, placement bound %s, in %.1f s",
-            strategy,
-            _s(res.extra["lp_bound_s"]),
-            _s(res.extra["placement_bound_s"]),
-            res.extra["lp_bound_time_s"],
-        )
-        if lp_bound == "alongside":
-            bound_cpus, search_cpus = cpu_split()
-            log.info(
-                "%s: LP bound alongside the search, on CPU %s (search on %s)",
-                strategy,
-                sorted(bound_cpus),
-                sorted(search_cpus),
-            )
-            alongside = LpBoundAlongside(
-                inst, replace(options, time_limit_s=time_limit_s), cpus=bound_cpus
-            )
-
-    proto = mdl.proto
-    res.build_time_s = build_s
-    res.n_vars = len(proto.variables)
-    res.n_rows = len(proto.constraints)
-    res.n_integer = res.n_vars
-    log.info(
-        "%s: interval model, %d variables, %d constraints, built in %.2f s",
-        strategy,
-        res.n_vars,
-        res.n_rows,
-        build_s,
+    t_lp = time.perf_counter()
+    half = None if time_limit_s is None else time_limit_s / 2
+    res.extra["placement_bound_s"] = placement_bound_s(inst, replace(options, time_limit_s=half))
+    res.extra["lp_bound_s"] = (
+        lp_bound_s(inst, replace(options, time_limit_s=half)) if lp_bound is True else None
     )
+    res.extra["lp_bound_time_s"] = time.perf_counter() - t_lp
+    if time_limit_s is not None:
+        time_limit_s = max(time_limit_s - res.extra["lp_bound_time_s"], 0.01)
+    bound = max(
+        (b for b in (res.extra["lp_bound_s"], res.extra["placement_bound_s"]) if b is not None),
+        default=None,
+    )
+    if bound is not None:
+        # integer costs are rounded to the nanosecond: leave one per term of slack
+        mdl.add(built.objective_ns >= int(np.floor(bound / TIME_UNIT_S)) - len(built.obj_terms))
+    log.info(
+        "%s: LP bound %s, placement bound %s, in %.1f s",
+        strategy,
+        _s(res.extra["lp_bound_s"]),
+        _s(res.extra["placement_bound_s"]),
+        res.extra["lp_bound_time_s"],
+    )
+    if lp_bound == "alongside":
+        bound_cpus, search_cpus = cpu_split()
+        log.info(
+            "%s: LP bound alongside the search, on CPU %s (search on %s)",
+            strategy,
+            sorted(bound_cpus),
+            sorted(search_cpus),
+        )
+        alongside = LpBoundAlongside(
+            inst, replace(options, time_limit_s=time_limit_s), cpus=bound_cpus
+        )
+    return time_limit_s, alongside, search_cpus
 
+
+def _search(cp_model, mdl, options, progress, time_limit_s, alongside, search_cpus, res, strategy):
+    """CP-SAT on ``mdl`` (pinned to ``search_cpus``), then the alongside LP bound waited for
+    (cancelled if the search raises, e.g. on an interrupt). Sets ``res.solve_time_s``,
+    ``time_to_first_s`` and ``n_branches``; returns the solver and its status code."""
     try:
         with pinned(search_cpus):
             solver, code, elapsed, first_s = run_cpsat(
@@ -550,36 +640,46 @@ def solve_intervals(
         elapsed += res.extra["lp_bound_wait_s"]
         log.info("%s: LP bound (alongside) %s", strategy, _s(res.extra["lp_bound_s"]))
     res.solve_time_s = elapsed + res.extra.get("lp_bound_time_s", 0.0)
-    name = solver.status_name(code)
     res.extra["time_to_first_s"] = first_s
     res.extra["n_branches"] = int(solver.num_branches)
-    # the model is the whole problem only with one device and a computation per later stage
-    # (a node nobody reads, value or state, needs one computation; any other one per stage
-    # from its own on)
-    read = np.array([bool(x) for x in succ]) | has_state
-    most_useful = np.where(read, n - np.arange(n), 1)
-    exact = D == 1 and bool((n_comp[0] >= most_useful).all())
-    res.extra["restricted"] = not exact
-    if name not in ("OPTIMAL", "FEASIBLE"):
-        if name == "INFEASIBLE" and exact:
-            res.status = "infeasible"
-            res.message = "no schedule fits the budget"
-        elif name == "INFEASIBLE":
-            res.status = "no_solution"
-            res.message = (
-                f"the interval model has no schedule within the budgets ({restriction}); "
-                "formulation=exact decides whether one exists"
-            )
-        elif name == "UNKNOWN":
-            res.status = "no_solution"
-            res.message = f"no schedule found in {res.solve_time_s:.1f} s"
-        else:
-            res.status = "error"
-            res.message = f"CP-SAT status {name}"
-        log.info("%s: %s after %.1f s", strategy, res.status, res.solve_time_s)
-        return res
+    return solver, code
 
-    sol, objective = _solution(solver, inst, ivs, covers)
+
+def _unrestricted(inst: Instance, n_comp: np.ndarray) -> bool:
+    """Whether the model is the whole problem: one device and a computation per later stage
+    (a node nobody reads, value or state, needs one computation; any other one per stage from
+    its own on). Only then are CP-SAT's optimum, bound and infeasibility the problem's."""
+    g, n = inst.graph, inst.size
+    read = np.array([bool(x) for x in g.successors]) | (g.state_reader >= 0)
+    most_useful = np.where(read, n - np.arange(n), 1)
+    return inst.n_devices == 1 and bool((n_comp[0] >= most_useful).all())
+
+
+def _no_schedule(res: StrategyResult, status: str, name: str, exact: bool, restriction: str):
+    """A search without a schedule: infeasible only when the model is the whole problem,
+    else ``no_solution`` naming the restriction (formulation=exact decides)."""
+    if status == "infeasible" and exact:
+        res.status = "infeasible"
+        res.message = "no schedule fits the budget"
+    elif status == "infeasible":
+        res.status = "no_solution"
+        res.message = (
+            f"the interval model has no schedule within the budgets ({restriction}); "
+            "formulation=exact decides whether one exists"
+        )
+    elif status == "no_solution":
+        res.status = "no_solution"
+        res.message = f"no schedule found in {res.solve_time_s:.1f} s"
+    else:
+        res.status = "error"
+        res.message = f"CP-SAT status {name}"
+
+
+def _report(res, solver, status, inst, built: _Built, exact, restriction, options) -> None:
+    """The search's schedule into ``res``: objective, bounds valid for the whole problem, the
+    status (CP-SAT's optimum is the problem's only when the model is unrestricted or such a
+    bound meets it), the model's memory and the simulator's check."""
+    sol, objective = _solution(solver, inst, built.ivs, built.covers)
     res.objective_s = objective
     # CP-SAT's own bound holds for the restricted model only; reported bounds hold for the
     # whole problem: the LP and placement bounds, and CP-SAT's when the model is unrestricted
@@ -592,7 +692,7 @@ def solve_intervals(
     # CP-SAT's OPTIMAL is about the restricted model; it is the problem's optimum only when
     # the model is unrestricted or a bound valid for the whole problem meets it
     res.status = "feasible"
-    if name == "OPTIMAL":
+    if status == "optimal":
         res.extra["restricted_optimal"] = True
         if not exact and (res.gap is None or res.gap > options.rel_gap):
             res.message = f"optimal within the interval model ({restriction})" + (
@@ -600,12 +700,10 @@ def solve_intervals(
             )
         else:
             res.status = "optimal"
-
     res.model_peak_bytes = interval_peaks(inst, sol)
     check_with_simulator(
         res, inst, schedule_from(inst, sol), "interval-model", True, res.solve_time_s
     )
-    return res
 
 
 def _allowance(
