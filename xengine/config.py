@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from xengine.solvers import SolverOptions, SolverUnavailable, available_solvers
+from xengine.solvers import SOLVERS, SolverOptions, SolverUnavailable, describe_solvers
 from xengine.strategies.registry import (
     DEFAULT_STRATEGIES,
     FORMULATIONS,
@@ -180,10 +180,9 @@ class RunConfig:
         if len(set(self.strategies)) != len(self.strategies):
             raise ConfigError(f"strategy={','.join(self.strategies)} names a strategy twice")
         if any(STRATEGIES[s].uses_solver for s in self.run_strategies):
-            if self.solver.lower() not in available_solvers():
+            if self.solver.lower() not in SOLVERS:  # known but not installed: its own message
                 raise SolverUnavailable(
-                    f"unknown solver {self.solver!r}: this build has "
-                    f"{', '.join(available_solvers())}"
+                    f"unknown solver {self.solver!r}: choose one of {describe_solvers()}"
                 )
         if self.formulation not in FORMULATIONS:
             raise ConfigError(
