@@ -65,7 +65,7 @@ def solve_checkmate(
     first,
     for at most :data:`FRONTIER_SHARE` of the time limit: its bound holds for this model and
     is far tighter than the MILP's own (resnet18 b4 at 70 %: a gap of 0.82 % after 5 s,
-    where the MILP alone ends at 4.72 % after 10 s and 4.15 % after 120 s; MEASUREMENTS.md),
+    where the MILP alone ends at 4.72 % after 10 s and 4.15 % after 120 s; docs/measurements.md),
     and its solution is often a schedule that fits. When the best fitting schedule meets that
     bound, it is optimal and the MILP is not needed; otherwise the MILP starts from it, with
     the bound as a floor on its objective, for the rest of the limit (which counts from the

@@ -1,4 +1,4 @@
-"""The MLflow dashboard on this project's tracking store (DESIGN.md section 9).
+"""The MLflow dashboard on this project's tracking store (docs/design.md section 9).
 
 Starts ``mlflow ui`` on the SQLite store (``results/mlflow.db`` unless told otherwise),
 bound to the loopback interface, with one worker and MLflow's job runner off (the light

@@ -1,4 +1,4 @@
-"""Regenerate the figures from the MLflow records (DESIGN.md section 9); nothing is re-solved.
+"""Regenerate the figures from the MLflow records (docs/design.md section 9); nothing is re-solved.
 
 Each figure is written as ``<out>/<name>.png`` with its data beside it as ``<out>/<name>.csv``:
 

@@ -1,4 +1,4 @@
-"""Memory sizes as users write them (DESIGN.md section 9)."""
+"""Memory sizes as users write them (docs/design.md section 9)."""
 
 from __future__ import annotations
 

@@ -3,9 +3,9 @@
 ``R[d, t, i]``: node ``i`` is computed on device ``d`` in stage ``t``.
 ``S[d, t, i]``: node ``i``'s value is resident on device ``d`` when stage ``t`` starts.
 ``S_state[d, t, v]``: forward node ``v``'s autograd state is resident on ``d`` when stage ``t``
-starts (graphs with state links only; DESIGN.md section 3).
+starts (graphs with state links only; docs/design.md section 3).
 This is Checkmate's (R, S) pair (Jain et al. 2020, section 4) with XEngine's device index
-(Schuler et al. 2022, section 4), plus the state's residency. DESIGN.md section 5.
+(Schuler et al. 2022, section 4), plus the state's residency. docs/design.md section 5.
 
 A schedule may leave ``S_state`` out (``None``): the state is then kept exactly as long as
 ``R`` needs it (:func:`minimal_state_residency`), which no other choice beats in memory and

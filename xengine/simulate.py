@@ -1,6 +1,6 @@
 """The simulator: the one definition of a valid schedule, its time and its memory.
 
-It replays a schedule stage by stage exactly as DESIGN.md section 5 states, and emits the list
+It replays a schedule stage by stage exactly as docs/design.md section 5 states, and emits the list
 of operations (compute, copy, free) that the executor performs. The exact MILP formulations
 are written so that their objective and their memory rows equal what this module computes;
 tests hold them to it.
@@ -100,7 +100,7 @@ def simulate(inst: Instance, sched: Schedule, check_budget: bool = True) -> Simu
 
 
 class _Replay:
-    """The simulator's state while it replays a schedule stage by stage (DESIGN.md section
+    """The simulator's state while it replays a schedule stage by stage (docs/design.md section
     5): the totals so far, the operations and the memory of every device at every step.
 
     Within a stage, ``alive``/``alive_st`` are the values and states on each device,

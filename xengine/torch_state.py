@@ -1,9 +1,9 @@
 """Torch's random state and a module's buffers, saved and put back: one idiom for every stage.
 
 Ops draw random numbers (dropout) and update module buffers (batch-norm running statistics).
-The capture run and the profiler must leave the model as they found it (DESIGN.md sections 3
+The capture run and the profiler must leave the model as they found it (docs/design.md sections 3
 and 4); the executor replays a recomputation without side effects and starts every step from
-the same state (DESIGN.md section 8); a run measures the reference and every schedule from
+the same state (docs/design.md section 8); a run measures the reference and every schedule from
 the same start. :class:`TorchState` is that snapshot, taken once and restored any number of
 times. This module imports only torch, so the graph stage may use it as well as the executor.
 """

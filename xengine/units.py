@@ -1,7 +1,7 @@
 """Parsing and printing memory sizes.
 
 Users write budgets as ``2GB`` (powers of 10), ``512MiB`` (powers of 2) or ``60%`` (a share of
-the keep-everything peak, resolved later when the graph is known). DESIGN.md section 9.
+the keep-everything peak, resolved later when the graph is known). docs/design.md section 9.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Run any valid schedule for one training step with torch, and measure it (DESIGN.md section 8).
+"""Run any valid schedule for one training step with torch, and measure it (docs/design.md,
+section 8).
 
 The executor performs exactly ``simulate(inst, sched).ops``, in order:
 
@@ -12,7 +13,7 @@ The executor performs exactly ``simulate(inst, sched).ops``, in order:
 
 Nothing else keeps tensors alive. A forward op runs on fresh leaves that alias its inputs'
 storage (emptied once the op has run, so they keep nothing alive). Its result is split in two
-registers, as the graph splits it (DESIGN.md section 3): the *value* (the output, detached) and
+registers, as the graph splits it (docs/design.md section 3): the *value* (the output, detached) and
 the *state* (the gradient edge of the output, ``torch.autograd.graph.get_gradient_edge``, which
 holds ``grad_fn`` but not the output's storage, plus the gradient edges of its inputs). What
 autograd saves for an input or for the output is not a reference but a lookup, at backward

@@ -1,4 +1,4 @@
-"""Compile a schedule's operation list once into the plan the executor replays (DESIGN.md 8).
+"""Compile a schedule's operation list once into the plan the executor replays (docs/design.md 8).
 
 The simulator's ``ops`` say what happens, node by node. Interpreting them one by one costs a
 ``torch.autograd.grad`` call and its Python around every backward node; on a GPU, or a CPU at
@@ -129,7 +129,7 @@ def compile_plan(
 class _GraphFacts:
     """What the plan reads of the graph, per node: the number of forward nodes ``nf``, each
     node's kind and forward twin, per forward node its gradient consumers and its state's
-    reader, and per node the forward values autograd saves for it (DESIGN.md section 3:
+    reader, and per node the forward values autograd saves for it (docs/design.md section 3:
     a forward node its saved inputs, a backward node its twin's saved inputs and, if saved,
     the twin's output)."""
 
@@ -188,7 +188,7 @@ def _walk_ops(
     ops: Sequence[Op], facts: _GraphFacts, grad_inputs: Sequence[Sequence[int]]
 ) -> _OpWalk:
     """Replay the registers, states and transient copies of every device along ``ops`` (as
-    the simulator makes them, DESIGN.md section 5) and record, per compute, which instances
+    the simulator makes them, docs/design.md section 5) and record, per compute, which instances
     it reads: a group may only link computes through the very instances they use."""
     nf, kinds, fwd_of = facts.nf, facts.kinds, facts.fwd_of
     D = 1 + max((op.device for op in ops), default=0)

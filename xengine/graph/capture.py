@@ -1,6 +1,7 @@
-"""Capture a torch model as a training graph plus the program that runs it (DESIGN.md section 3).
+"""Capture a torch model as a training graph plus the program that runs it (docs/design.md,
+section 3).
 
-``capture`` traces a module with :func:`torch.fx.symbolic_trace` and makes one forward node per
+``trace`` traces a module with :func:`torch.fx.symbolic_trace` and makes one forward node per
 ``call_module`` / ``call_function`` / ``call_method`` node (trace order, which is topological),
 then, in ``mode="train"``, a loss node and one backward node per forward node in reverse order.
 
@@ -355,7 +356,7 @@ def _trace_ops(
     mode: str,
     name: str,
 ) -> tuple[list[OpSpec], OpSpec]:
-    """Run the forward ops one by one on the example batch and describe each (DESIGN.md
+    """Run the forward ops one by one on the example batch and describe each (docs/design.md
     section 3): the ops and their measurements, in trace order, and the output op.
 
     Per fx node: its argument template (:func:`_op_template`), one run on fresh leaves that
@@ -494,7 +495,7 @@ def _run_once(
     the one the hooks read, so empty it once the op is described), and whether the op drew
     random numbers (the CPU generator moved) or changed its module's buffers (their version
     counters moved): the executor replays the one and restores the other on a recomputation
-    (DESIGN.md section 8). A failing op is a :class:`GraphError` that names it."""
+    (docs/design.md section 8). A failing op is a :class:`GraphError` that names it."""
     saved: list[torch.Tensor] = []
 
     def pack(t: torch.Tensor) -> int:
@@ -539,7 +540,7 @@ def _describe_output(
     """Fill in ``spec`` from one run of the op and return its output, cloned where it
     shares storage with an input, a parameter or a buffer (every node owns its value).
 
-    The saved tensors are sorted by storage, as DESIGN.md section 3 says: an input's is a
+    The saved tensors are sorted by storage, as docs/design.md section 3 says: an input's is a
     saved input (value edge ``F_u -> B_v``), the output's makes ``saves_output`` (``F_v ->
     B_v``), a parameter's or buffer's is fixed memory, anything else is the op's autograd
     state (``extra_bytes``). ``inputs`` are fx nodes here; :func:`_live_ops` renumbers."""

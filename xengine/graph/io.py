@@ -1,4 +1,4 @@
-"""Graph JSON files (node-link format), DESIGN.md section 3.
+"""Graph JSON files (node-link format), docs/design.md section 3.
 
 A graph file is plain JSON, read as data (never evaluated or unpickled)::
 
@@ -16,7 +16,7 @@ Nodes may come in any order and ids may be any JSON scalars: nodes are renumbere
 topological order that keeps the file's order wherever the links allow (so a file already in
 topological order keeps its numbering). ``fwd_index`` names a node *id*, like the links do.
 
-Version 2 adds what autograd keeps (DESIGN.md section 3): ``state_bytes`` per forward node,
+Version 2 adds what autograd keeps (docs/design.md section 3): ``state_bytes`` per forward node,
 ``device_workspace_bytes`` (workspace measured per device) and the ``kind`` of each link:
 ``value`` (the target reads the source's value) or ``state`` (the target is the source's
 backward op and reads its autograd state; never copyable). Version-1 files have neither:
@@ -179,7 +179,7 @@ def _read_header(
 ) -> tuple[Any, str, int, list[Any], list[Any]]:
     """Format, version, name and fixed bytes, and the node and link lists (not yet read).
 
-    The version decides how links are read (version 1 has value links only, DESIGN.md
+    The version decides how links are read (version 1 has value links only, docs/design.md
     section 3); the name and fixed bytes may sit where networkx or Checkmate put them."""
     if not isinstance(data, dict):
         raise _err(source, "top level", f"expected a JSON object, got {type(data).__name__}")
@@ -317,7 +317,7 @@ def _read_links(
     """The links as ``(source position, target position, kind) -> copyable``.
 
     A ``state`` link (version 2) ties a backward op to its forward op's autograd state and is
-    never copyable (DESIGN.md section 3); a value link is copyable unless the file says not
+    never copyable (docs/design.md section 3); a value link is copyable unless the file says not
     (version-1 files mark the values kept for the backward op that way)."""
     edges: dict[tuple[int, int, str], bool] = {}
     for k, raw in enumerate(raw_links):
@@ -386,7 +386,7 @@ def _renumbered_nodes(
 
 
 def _read_copy_models(raw_copy: Any, source: str) -> dict[tuple[str, str], CopyModel]:
-    """Per ordered device pair, latency + bytes / bandwidth (the copy model of DESIGN.md
+    """Per ordered device pair, latency + bytes / bandwidth (the copy model of docs/design.md
     section 4); a bandwidth must be positive, since a copy's time divides by it."""
     copy_models: dict[tuple[str, str], CopyModel] = {}
     if not isinstance(raw_copy, list):

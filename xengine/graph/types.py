@@ -1,4 +1,4 @@
-"""The training graph: operators as nodes, tensors as edges (DESIGN.md section 3).
+"""The training graph: operators as nodes, tensors as edges (docs/design.md section 3).
 
 Nodes are numbered in a topological order (forward ops, then the loss, then backward ops), so
 that stage ``t`` of a schedule is the stage in which node ``t`` is computed for the first time

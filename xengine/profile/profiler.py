@@ -1,4 +1,5 @@
-"""Measured costs: per node and device compute time, per device pair copy time (DESIGN.md s. 4).
+"""Measured costs: per node and device compute time, per device pair copy time
+(docs/design.md section 4).
 
 Every forward, loss and backward node is timed exactly as the executor runs it and as a step
 pays for it: inside keep-everything steps of the compiled executor, ops back to back, on each
@@ -377,7 +378,7 @@ def _sync(rt, *names: str) -> None:
 
 
 def _time_step(rt, d: str, repeats: int, warmup: int, bar) -> dict[str, float]:
-    """Every node timed the way a step pays for it (DESIGN.md section 4): ``warmup + repeats``
+    """Every node timed the way a step pays for it (docs/design.md section 4): ``warmup + repeats``
     keep-everything steps on ``d`` run by the compiled executor, each node's time the interval
     from its start to the next node's start, ops queued back to back. On the CPU the clock is
     ``perf_counter`` (ops are synchronous); on CUDA it is an event recorded on the stream

@@ -1,4 +1,4 @@
-"""Op workspaces, measured on a device's allocator (the profile stage, DESIGN.md section 4).
+"""Op workspaces, measured on a device's allocator (the profile stage, docs/design.md section 4).
 
 A node's *workspace* is the memory it needs only while it runs: op temporaries (convolution
 scratch, reordered weights), a backward op's parameter gradients before they are accumulated,

@@ -1,4 +1,4 @@
-"""Resumable sweeps on MLflow (DESIGN.md section 9).
+"""Resumable sweeps on MLflow (docs/design.md section 9).
 
 A sweep point is identified by the *fingerprint* of its resolved config: the config with the
 keys that do not change the result (where outputs go, how chatty the console is, the tracking

@@ -1,4 +1,4 @@
-"""MLflow glue: one MLflow run per ``run.py`` invocation (DESIGN.md section 9).
+"""MLflow glue: one MLflow run per ``run.py`` invocation (docs/design.md section 9).
 
 The tracking store defaults to SQLite under ``results/`` (embedded, no server to start) with
 artifacts beside it in ``results/mlartifacts``; ``tracking.uri=...`` or the environment

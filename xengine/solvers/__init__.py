@@ -1,4 +1,4 @@
-"""Solver back-ends behind one interface (DESIGN.md section 7).
+"""Solver back-ends behind one interface (docs/design.md section 7).
 
 ``solve(model, solver, options)`` dispatches by name; an unknown or unavailable solver is a
 :class:`SolverUnavailable` error naming the fix. There is no silent fallback to another solver.

@@ -117,7 +117,7 @@ def lp_bound_s(
 def placement_bound_s(inst: Instance, options: SolverOptions | None = None) -> float | None:
     """Lower bound on any schedule's time from where nodes run and what must be copied.
 
-    Every valid schedule (DESIGN.md section 5, as :mod:`xengine.simulate` replays it) computes
+    Every valid schedule (docs/design.md section 5, as :mod:`xengine.simulate` replays it) computes
     each node at least once, only on devices whose budget holds the node's inputs, output and
     workspace at once, and has the simulator's rule for reads: a node computed on device
     ``d`` reads each input from ``d`` if it is there, else (copyable edges only) copies it

@@ -22,7 +22,7 @@ only external members can be read after the group has run, so
   so far that a member ``>= k`` still reads, the states made so far, ``k``'s own output and
   ``k``'s workspace.
 
-A member's autograd state (DESIGN.md section 3) becomes part of its group's value, read over a
+A member's autograd state (docs/design.md section 3) becomes part of its group's value, read over a
 non-copyable edge by the group that holds the member's backward op: the coarse graph has no
 states of its own (version-1 semantics), the coarse value outlives each fine state it stands
 for, and expansion recomputes a member whose backward op needs its state.

@@ -8,7 +8,7 @@ one-device start at all. This module builds a start that uses every device, chea
 * a single-device schedule ``(R, S)`` (stage structure of Checkmate) plus a *placement*
   ``node -> device`` gives a multi-device schedule: node ``i`` is computed and kept exactly as
   before, on device ``placement[i]``; the simulator inserts the copies an input on another
-  device needs (DESIGN.md section 5), so every placement of a valid schedule is valid;
+  device needs (docs/design.md section 5), so every placement of a valid schedule is valid;
 * a forward node and its backward node are placed together (the backward reads the forward's
   autograd state, which cannot be copied: a state edge);
 * the search tries every cut of the forward order into a prefix on one device and a suffix on

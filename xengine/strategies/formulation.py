@@ -2,7 +2,7 @@
 
 With one device it is exactly Checkmate's MILP (Jain et al., MLSys 2020, eq. 1-9):
 frontier-advancing stages, binary R, S, FREE with the hazard-count linearisation, and the
-memory recurrence U. The device index adds, per DESIGN.md section 6:
+memory recurrence U. The device index adds, per docs/design.md section 6:
 
 ``mode="exact"`` (default): linear and exact with respect to :mod:`xengine.simulate`.
     * ``sum_d R[d,t,i] <= 1`` and ``R + S <= 1`` (never beneficial to break; they make the
@@ -19,7 +19,7 @@ memory recurrence U. The device index adds, per DESIGN.md section 6:
     predecessor's size, and copy costs are read src -> dst. ``linearize=True`` replaces the
     product by an AND variable ``W >= R + Z - 1`` for solvers without products (HiGHS).
 
-Autograd states (DESIGN.md section 3) are tensors of their own: state ``k`` of forward node
+Autograd states (docs/design.md section 3) are tensors of their own: state ``k`` of forward node
 ``v`` has its residency ``SA[d,t,k]`` (``Aix``), is made by every ``R[d,t,v]``, is read only by
 ``B_v`` over a local (non-copyable) edge and is freed by the same FREE rows as a value, with
 ``R[d,t,v] + SA[d,t,k] <= 1`` (keeping a state into a stage that makes it anew never helps

@@ -4,7 +4,7 @@ Checkmate's MILP (Jain et al., MLSys 2020, eq. 1-9; :mod:`xengine.strategies.for
 device)
 tracks memory after every operation of every stage, through the FREE and U variables. Its LP
 relaxation is weak: on resnet18 b4 at 70 % it barely leaves the keep-everything time, and
-HiGHS moves its bound by 1 ms in 120 s (MEASUREMENTS.md, "The frontier relaxation"). This
+HiGHS moves its bound by 1 ms in 120 s (docs/measurements.md, "The frontier relaxation"). This
 model keeps only what can be stated without the order of operations inside a stage:
 
 * ``H[t, x]``: tensor ``x`` (a value, or a forward op's autograd state) is resident when stage
@@ -20,7 +20,7 @@ model keeps only what can be stated without the order of operations inside a sta
   by ``t``) ``+ bytes(inputs) + out + state + workspace <= budget``.
 
 The objective is ``sum_i c_i`` (every node's first computation, in its own stage) ``+ sum c_i
-C[t, i]``. Every valid schedule of the simulator (DESIGN.md section 5) gives a point of this
+C[t, i]``. Every valid schedule of the simulator (docs/design.md section 5) gives a point of this
 model with the same objective (``H = S``, ``C = R`` below the diagonal; see :meth:`assignment`),
 so its optimum, and the solver's bound on it, are lower bounds on Checkmate's optimum. What
 it drops is the memory of the recomputation steps, so its solution is not always a schedule:
@@ -179,7 +179,7 @@ def _carry_rows(b: ModelBuilder, Hix, Cix, prod) -> None:
 
 def _frontier_memory_rows(b: ModelBuilder, inst: Instance, Hix, prod, nbytes, reads) -> None:
     """Memory at each frontier step: what is kept for the next stage and exists already, plus
-    the step's inputs, output, state and workspace (DESIGN.md section 5's step memory)."""
+    the step's inputs, output, state and workspace (docs/design.md section 5's step memory)."""
     g = inst.graph
     n = g.size
     ws = inst.workspace_bytes[0]

@@ -6,7 +6,7 @@ binaries for R and S alone, and its LP relaxation is what open-source MILP solve
 time on (shared/reference/solver-calibration.md: ResNet-50 gets no solution from HiGHS in
 600 s). MOCCASIN (Bartan et al., ICML 2023) writes the same single-device problem with
 O(n) interval variables on CP-SAT and solves the large graphs far faster. This module is our
-own version of that idea, written for xengine's semantics (DESIGN.md section 5) and extended
+own version of that idea, written for xengine's semantics (docs/design.md section 5) and extended
 to several devices with copies.
 
 Events. Stage ``t`` runs nodes ``v <= t`` in order; step ``(t, v)`` is the event
@@ -28,7 +28,7 @@ sit on ``d`` during step ``s``. A copy is allowed only when no computation of ``
 covers ``s`` (the simulator copies only then), so the objective is the simulator's time at
 every feasible point, not only at the optimum.
 
-States (DESIGN.md section 3). A forward node ``v`` with a state link ``v -> B_v`` gives each of
+States (docs/design.md section 3). A forward node ``v`` with a state link ``v -> B_v`` gives each of
 its computations a second interval, the *state interval* ``[start, se]`` on the same device
 (``state_bytes[v]`` bytes; none for a zero-byte state, which still ties ``B_v`` to a device).
 Every computation of ``B_v`` on ``d`` is covered by the state of a computation of ``v`` on

@@ -68,7 +68,7 @@ def solve_xengine(
     placement: np.ndarray | None = None,
     builder: Callable[..., Formulation] = build,
 ) -> StrategyResult:
-    """Solve the heterogeneous model on ``inst`` (DESIGN.md section 6).
+    """Solve the heterogeneous model on ``inst`` (docs/design.md section 6).
 
     ``warm_start`` is any valid schedule on the same devices (typically the best single-device
     Checkmate schedule embedded with :meth:`Schedule.on_devices`); exact mode passes it to the
