@@ -441,7 +441,7 @@ def run_one(
     try:
         if coarsening is not None:
             res = solve_coarse(
-                inst, coarsening, solver=solver, mode=mode, options=options, warm_start=x0
+                inst, coarsening, solver=solver, formulation=mode, options=options, warm_start=x0
             )
         else:
             if mode == "intervals" and (lp_alongside or not with_lp):
@@ -449,7 +449,7 @@ def run_one(
             res = solve_xengine(
                 inst,
                 solver=solver,
-                mode=mode,
+                formulation=mode,
                 options=options,
                 warm_start=x0,
                 build_options=bopts,

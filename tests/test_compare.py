@@ -79,8 +79,10 @@ def test_warm_start_considers_the_cost_aware_heuristic_at_each_devices_own_budge
     inst = Instance(g, ("a", "b"), (budget, budget))
     ours = solve_recompute_greedy(inst.only_device(1, budget))
     assert ours.status == "feasible"
-    # mode "paper" has no placed model, so the candidates are the heuristic ones only
-    what, sched, t = warm_start(inst, [], options=SolverOptions(time_limit_s=10), mode="paper")
+    # formulation "paper" has no placed model, so the candidates are the heuristic ones only
+    what, sched, t = warm_start(
+        inst, [], options=SolverOptions(time_limit_s=10), formulation="paper"
+    )
     assert t <= ours.sim.time_s + 1e-9
     assert what == "recompute_greedy on b (its own memory)"
 

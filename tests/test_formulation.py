@@ -33,8 +33,8 @@ def test_one_device_exact_and_paper_equal(seed, states):
     low = int(g.node_lower_bound_bytes("a").max())
     for frac in (1.0, 0.5, 0.0):
         inst = _single(g, "a", low + frac * (peak - low))
-        ex = solve_xengine(inst, mode="exact", options=OPTS)
-        pa = solve_xengine(inst, mode="paper", options=OPTS)
+        ex = solve_xengine(inst, formulation="exact", options=OPTS)
+        pa = solve_xengine(inst, formulation="paper", options=OPTS)
         assert ex.status == pa.status
         if ex.status == "optimal":
             assert ex.objective_s == pytest.approx(pa.objective_s, rel=1e-7)
@@ -304,8 +304,8 @@ def test_paper_mode_reference_and_default_agree(seed):
     low = int(g.node_lower_bound_bytes().max())
     for frac in (1.0, 0.5, 0.0):
         inst = Instance(g, devices, tuple([int(low + frac * (peak - low))] * 2))
-        a = solve_xengine(inst, mode="paper", options=OPTS)
-        b = solve_xengine(inst, mode="paper", options=OPTS, builder=build_published)
+        a = solve_xengine(inst, formulation="paper", options=OPTS)
+        b = solve_xengine(inst, formulation="paper", options=OPTS, builder=build_published)
         assert a.status == b.status
         if a.status == "optimal":
             assert a.objective_s == pytest.approx(b.objective_s, rel=1e-7)

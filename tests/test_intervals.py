@@ -199,9 +199,9 @@ def test_bad_arguments_are_one_line_errors():
     with pytest.raises(ValueError, match="placement"):
         solve_intervals(inst, OPTS, placement=np.zeros(3, dtype=int))
     with pytest.raises(SolverUnavailable, match="solver=cpsat"):
-        solve_xengine(inst, "highs", mode="intervals")
+        solve_xengine(inst, "highs", formulation="intervals")
     with pytest.raises(ValueError, match="no option"):
-        solve_xengine(inst, "cpsat", mode="intervals", build_options={"free_rows": "tight"})
+        solve_xengine(inst, "cpsat", formulation="intervals", build_options={"free_rows": "tight"})
     with pytest.raises(ValueError, match="lp_bound"):
         solve_intervals(inst, OPTS, lp_bound="later")
 
@@ -212,7 +212,7 @@ def test_lp_bound_alongside_is_the_same_bound():
     inst = Instance(g, ("a", "b"), (int(0.7 * keep_all_peak_bytes(g)),) * 2)
     first = solve_intervals(inst, OPTS, max_computes=3)
     along = solve_xengine(
-        inst, "cpsat", mode="intervals", options=OPTS,
+        inst, "cpsat", formulation="intervals", options=OPTS,
         build_options={"max_computes": 3, "lp_bound": "alongside"},
     )  # fmt: skip
     assert first.extra["lp_bound_s"] is not None
@@ -245,7 +245,7 @@ def test_placement_restricts_like_the_milp():
         if not e.copyable:
             placement[e.dst] = placement[e.src]
     exact = solve_xengine(inst, "highs", options=OPTS, placement=placement)
-    res = solve_xengine(inst, "cpsat", mode="intervals", options=OPTS, placement=placement)
+    res = solve_xengine(inst, "cpsat", formulation="intervals", options=OPTS, placement=placement)
     assert exact.status in ("optimal", "infeasible")
     if exact.status == "optimal":
         assert res.extra["restricted_optimal"]

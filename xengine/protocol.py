@@ -77,7 +77,7 @@ def warm_start(
     alone: Sequence[StrategyResult],
     solver: str = "highs",
     options: SolverOptions | None = None,
-    mode: str = "exact",
+    formulation: str = "exact",
     min_budget_bytes: int = 0,
 ) -> tuple[str, Schedule, float] | None:
     """XEngine's start on ``inst``: ``(what, schedule, predicted time)`` of the fastest valid
@@ -119,10 +119,12 @@ def warm_start(
         res = greedy(sub)
         if res.fits:
             add(_what(res, "its own"), res.schedule.on_devices(inst.devices))
-    if inst.n_devices > 1 and mode in ("exact", "intervals"):
+    if inst.n_devices > 1 and formulation in ("exact", "intervals"):
         singles = [(_what(r, "total"), r.schedule) for r in alone if r.has_schedule]
-        xe_solver = SolveSettings(solver=solver, formulation=mode).xengine_solver
-        for what, sched in start_candidates(inst, singles, xe_solver, options, mode=mode):
+        xe_solver = SolveSettings(solver=solver, formulation=formulation).xengine_solver
+        for what, sched in start_candidates(
+            inst, singles, xe_solver, options, formulation=formulation
+        ):
             add(what, sched)
     if not cands:
         for what, sched in _fallback_starts(own, solver, options):
@@ -255,18 +257,20 @@ def compare(
     inst: Instance,
     strategies: Sequence[str] = ("xengine", *SINGLE_DEVICE),
     solver: str = "highs",
-    mode: str = "exact",
+    formulation: str = "exact",
     options: SolverOptions | None = None,
 ) -> Comparison:
     """Run the protocol on a multi-device ``inst`` without executing anything (a one-device
     instance also works: then the single-device strategies get that device's budget)."""
-    settings = SolveSettings(solver=solver, options=options or SolverOptions(), formulation=mode)
+    settings = SolveSettings(
+        solver=solver, options=options or SolverOptions(), formulation=formulation
+    )
     out = Comparison()
     alone: list[StrategyResult] = []
     for job in plan(inst, strategies):
         warm = None
         if job.name == "xengine":
-            start = warm_start(inst, alone, solver, settings.options, mode)
+            start = warm_start(inst, alone, solver, settings.options, formulation)
             if start is not None:
                 log.info("warm start: %s (%.4g s)", start[0], start[2])
                 warm = start[1]

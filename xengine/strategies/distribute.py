@@ -214,7 +214,7 @@ def start_candidates(
     solver: str = "highs",
     options: SolverOptions | None = None,
     spread_time_limit_s: float = 30.0,
-    mode: str = "exact",
+    formulation: str = "exact",
 ) -> list[tuple[str, Schedule]]:
     """Multi-device schedules to warm-start XEngine with, each valid on ``inst``:
 
@@ -226,7 +226,7 @@ def start_candidates(
        solved
        with ``options`` as they are: on resnet18 with two CPU sub-devices it reached a 0.5 %
        gap only after 78 s (32 % at 22 s), so a shorter limit or a looser gap costs most of
-       its value. Skipped when the placement uses one device. ``mode`` is XEngine's model
+       its value. Skipped when the placement uses one device. ``formulation`` is XEngine's model
        (``exact`` MILP or ``intervals``, :mod:`xengine.strategies.intervals`).
 
     Candidates may exceed the budgets only if the caller checks; both kinds here fit.
@@ -264,7 +264,7 @@ def start_candidates(
             inst,
             solver=solver,
             options=options,
-            mode=mode,
+            formulation=formulation,
             placement=sp.placement,
             warm_start=sp.schedule if sp.fits else None,
             strategy="xengine.placed",

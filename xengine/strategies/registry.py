@@ -112,7 +112,7 @@ def strategy_kwargs(
         kwargs.update(solver=settings.solver, options=settings.options)
     target = _load(spec.target)
     if name == "xengine":
-        kwargs.update(solver=settings.xengine_solver, mode=settings.formulation)
+        kwargs.update(solver=settings.xengine_solver, formulation=settings.formulation)
         kwargs["warm_start"] = warm_start
         if settings.formulation == "intervals":
             kwargs["build_options"] = {

@@ -60,7 +60,7 @@ BOUND_LOG_INTERVAL_S = 30.0
 def solve_xengine(
     inst: Instance,
     solver: str = "highs",
-    mode: str = "exact",
+    formulation: str = "exact",
     options: SolverOptions | None = None,
     warm_start: Schedule | None = None,
     strategy: str = "xengine",
@@ -74,7 +74,7 @@ def solve_xengine(
     Checkmate schedule embedded with :meth:`Schedule.on_devices`); exact mode passes it to the
     solver as a MIP start. The returned schedule is replayed by the simulator; the model's own
     objective and peak are kept beside the simulator's figures. ``build_options`` go to
-    ``builder`` (``free_rows``); mode ``exact`` gets the FREE rows of
+    ``builder`` (``free_rows``); formulation ``exact`` gets the FREE rows of
     :func:`~xengine.strategies.formulation.default_free_rows` for ``solver`` unless they say
     otherwise. ``builder`` is :func:`xengine.strategies.formulation.build` unless a caller
     measures another written form of the same model (``experiments/formulation_variants.py``),
@@ -86,30 +86,31 @@ def solve_xengine(
     that smaller model is a feasible multi-device schedule, which is how
     :mod:`xengine.strategies.distribute` turns a placement into a start for the full model.
 
-    ``mode="intervals"`` solves the retention-interval model of :mod:`xengine.strategies.intervals`
-    instead (``solver`` must be ``cpsat``; ``build_options`` may give ``max_computes`` and
-    ``lp_bound=False``, which skips the LP relaxation where it is known not to solve in time,
-    or ``lp_bound="alongside"``, which computes it in another process during the search).
+    ``formulation="intervals"`` solves the retention-interval model of
+    :mod:`xengine.strategies.intervals` instead (``solver`` must be ``cpsat``; ``build_options``
+    may give ``max_computes`` and ``lp_bound=False``, which skips the LP relaxation where it is
+    known not to solve in time, or ``lp_bound="alongside"``, which computes it in another
+    process during the search).
     """
     options = options or SolverOptions()
     if warm_start is not None and placement is None:
         done = _start_meets_bound(inst, warm_start, solver, options, strategy)
         if done is not None:  # nothing to solve
             return done
-    if mode == "intervals":
+    if formulation == "intervals":
         return _solve_intervals(
             inst, solver, options, warm_start, strategy, build_options, placement
         )
     t0 = time.perf_counter()
     linearize = solver not in QUADRATIC_CAPABLE
     build_options = dict(build_options or {})
-    if mode == "exact":
+    if formulation == "exact":
         build_options.setdefault("free_rows", default_free_rows(solver))
-    form = builder(inst, mode=mode, linearize=linearize, **build_options)
+    form = builder(inst, mode=formulation, linearize=linearize, **build_options)
     if placement is not None:
         _restrict(form, placement)
     x0 = None
-    if warm_start is not None and mode == "exact":
+    if warm_start is not None and formulation == "exact":
         x0 = form.assignment(warm_start)
         viol = form.model.max_violation(x0)
         if viol > 1e-6:
@@ -127,8 +128,8 @@ def solve_xengine(
         n_rows=model.n_rows,
         n_integer=model.n_integer,
         extra={
-            "mode": mode,
-            "linearized": bool(linearize and mode == "paper"),
+            "mode": formulation,
+            "linearized": bool(linearize and formulation == "paper"),
             "build_options": build_options,
             "nnz": int(model.A.nnz),
         },
@@ -166,7 +167,12 @@ def solve_xengine(
     if placement is None and sr.status == "feasible":
         _tighten_with_placement_bound(res, inst, options)
     check_with_simulator(
-        res, inst, form.schedule_from(sr.x), "solver", mode == "exact", time.perf_counter() - t0
+        res,
+        inst,
+        form.schedule_from(sr.x),
+        "solver",
+        formulation == "exact",
+        time.perf_counter() - t0,
     )
     return res
 
