@@ -513,24 +513,16 @@ def _or_rows(dr: Draft) -> None:
     rows = np.arange(k)
     for d in range(dr.D):
         zc, rc, sc = dr.Zix[d, tt, ii], dr.Rix[d, tt, ii], dr.Six[d, tt, ii]
-        dr.b.add_rows(
-            "z_ge_r",
-            k,
-            np.concatenate([rows, rows]),
-            np.concatenate([zc, rc]),
-            np.array([1.0] * k + [-1.0] * k),
-            0.0,
-            np.inf,
-        )
-        dr.b.add_rows(
-            "z_ge_s",
-            k,
-            np.concatenate([rows, rows]),
-            np.concatenate([zc, sc]),
-            np.array([1.0] * k + [-1.0] * k),
-            0.0,
-            np.inf,
-        )
+        for name, other in (("z_ge_r", rc), ("z_ge_s", sc)):  # Z >= R, Z >= S
+            dr.b.add_rows(
+                name,
+                k,
+                np.concatenate([rows, rows]),
+                np.concatenate([zc, other]),
+                np.array([1.0] * k + [-1.0] * k),
+                0.0,
+                np.inf,
+            )
         dr.b.add_rows(
             "z_le_rs",
             k,
