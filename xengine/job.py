@@ -297,9 +297,18 @@ def _title(run_cfg: RunConfig, prepared: Prepared) -> str:
     what = (
         run_cfg.graph_path
         if run_cfg.solve_only
-        else f"{run_cfg.net} batch {run_cfg.batch_size} {run_cfg.image_size}px {run_cfg.mode}"
+        else f"{run_cfg.net} batch {run_cfg.batch_size} {_input_size(run_cfg)} {run_cfg.mode}"
     )
     return f"{what} ({prepared.graph.size} nodes), budget {budgets}"
+
+
+def _input_size(run_cfg: RunConfig) -> str:
+    """``224px`` for an image net, ``64 tokens`` for a token net (``image_size`` is its
+    sequence length)."""
+    from xengine.graph.capture import TOKEN_NETS
+
+    unit = " tokens" if run_cfg.net in TOKEN_NETS else "px"
+    return f"{run_cfg.image_size}{unit}"
 
 
 def _record_failure(cfg: DictConfig, console: int, fingerprint: str, exc: Exception) -> None:

@@ -524,7 +524,7 @@ class _Runtime:
         logits = self.fwd_tensor(d, self.nf - 1)
         with torch.enable_grad():
             leaf = logits.detach().requires_grad_(True)
-            loss = F.cross_entropy(leaf, self.target[d])
+            loss = self.cap.loss(leaf, self.target[d])
             (g,) = torch.autograd.grad(loss, leaf)
         if first:
             self.loss_value = loss.detach()
@@ -1346,7 +1346,7 @@ class PlainStep:
         )
         if self.train:
             with ctx, torch.enable_grad():
-                loss = F.cross_entropy(self.module(self.x), self.target)
+                loss = self.captured.loss(self.module(self.x), self.target)
                 loss.backward()
         else:
             with ctx, torch.no_grad():

@@ -62,7 +62,12 @@ TORCHVISION_NETS: tuple[str, ...] = (
     "mobilenet_v2",
     "squeezenet1_0",
     "densenet121",
+    "vit_b_16",
+    "gpt2_small",
 )
+TOKEN_NETS = ("gpt2_small",)
+"""Nets that read token ids: ``image_size`` is their sequence length, ``num_classes`` their
+vocabulary."""
 MODES = ("train", "infer")
 LOSS_NAME = "loss"
 BWD_PREFIX = "grad_"
@@ -148,6 +153,9 @@ class OpSpec:
     clone_output: bool = False
     stochastic: bool = False
     mutates_buffers: bool = False
+    # the op returns a tuple of which one element is used (nn.MultiheadAttention's output,
+    # not its weights): that element, the fx ``getitem`` nodes reading it folded into the op
+    select: int | None = None
 
     def bind(self, root: nn.Module) -> Callable[[Sequence[torch.Tensor], torch.Tensor], Any]:
         """A function ``run(inputs, x)`` that runs this op with the modules of ``root``."""
@@ -182,8 +190,11 @@ class OpSpec:
             def fn(obj, *a, **k):
                 return getattr(obj, method)(*a, **k)
 
+        select = self.select
+
         def run(ins: Sequence[torch.Tensor], x: torch.Tensor) -> Any:
-            return fn(*fill(args, ins, x), **fill(kwargs, ins, x))
+            out = fn(*fill(args, ins, x), **fill(kwargs, ins, x))
+            return out if select is None else out[select]
 
         return run
 
@@ -201,6 +212,14 @@ class CapturedModel:
     ops: tuple[OpSpec, ...]  # forward ops; ops[i] is graph node i
     net: str = "model"
     meta: dict[str, Any] = field(default_factory=dict)
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+
+    def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The training loss of the model's output: the user's ``loss_fn``, else cross-entropy
+        on class indices (every torchvision classifier)."""
+        if self.loss_fn is None:
+            return torch.nn.functional.cross_entropy(output, target)
+        return self.loss_fn(output, target)
 
     @property
     def n_forward(self) -> int:
@@ -289,11 +308,18 @@ def trace(
     target: torch.Tensor,
     mode: str = "train",
     name: str = "model",
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    leaf_modules: Sequence[type[nn.Module]] = (),
 ) -> CapturedModel:
     """Trace ``module`` and build its training (``mode="train"``) or inference graph.
 
     The module is put in train or eval mode and its in-place flags are switched off (same
-    numbers). ``target`` holds class indices for the cross-entropy loss.
+    numbers). The training loss is ``loss_fn(output, target)`` (a scalar tensor), by default
+    cross-entropy with ``target`` holding class indices.
+
+    Granularity: every ``torch.nn`` module (Linear, LayerNorm, MultiheadAttention, ...) and
+    every tensor function between them is one op; a module of a class in ``leaf_modules`` is
+    one op as well, its inside not traced (a user's attention block, say).
 
     ``workspace_bytes`` of a node is the memory it needs only while it runs; here it is the
     bytes of the parameter gradients a backward node produces. Measuring it on an allocator
@@ -307,10 +333,7 @@ def trace(
         raise GraphError("example_input and target must be tensors")
     module.train(mode == "train")
     _disable_inplace(module)
-    try:
-        gm = fx.symbolic_trace(module)
-    except Exception as exc:  # fx raises many kinds of errors for untraceable code
-        raise GraphError(f"{name}: torch.fx cannot trace the model: {exc}") from exc
+    gm = _symbolic_trace(module, tuple(leaf_modules), name)
     gm.train(mode == "train")
 
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -328,7 +351,9 @@ def trace(
 
     # the capture run must leave the module and the random state as they were
     with TorchState(gm.buffers()):
-        specs, out_spec = _trace_ops(gm, x_node, out_arg, example_input, target, mode, name)
+        specs, out_spec = _trace_ops(
+            gm, x_node, out_arg, example_input, target, mode, name, loss_fn
+        )
 
     graph = _build_graph(gm, specs, example_input, target, mode, name)
     cap = CapturedModel(
@@ -341,10 +366,36 @@ def trace(
         ops=tuple(specs),
         net=name,
         meta=dict(graph.meta),
+        loss_fn=loss_fn,
     )
     cap.graph = replace(graph, meta={**graph.meta, "workspace": "parameter gradients"})
     cap.meta = dict(cap.graph.meta)
     return cap
+
+
+class _LeafTracer(fx.Tracer):
+    """fx's tracer with the user's module classes kept whole (one op each)."""
+
+    def __init__(self, leaf_modules: tuple[type[nn.Module], ...]) -> None:
+        super().__init__()
+        self.leaf_modules = leaf_modules
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return isinstance(m, self.leaf_modules) or super().is_leaf_module(m, module_qualified_name)
+
+
+def _symbolic_trace(
+    module: nn.Module, leaf_modules: tuple[type[nn.Module], ...], name: str
+) -> fx.GraphModule:
+    """The fx graph of ``module``; one line naming why when fx cannot trace it (control flow
+    that depends on a tensor's value, most often)."""
+    tracer = _LeafTracer(leaf_modules)
+    try:
+        graph = tracer.trace(module)
+    except Exception as exc:  # fx raises many kinds of errors for untraceable code
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise GraphError(f"{name}: torch.fx cannot trace the model: {why}") from exc
+    return fx.GraphModule(tracer.root, graph, type(module).__name__)
 
 
 def _trace_ops(
@@ -355,6 +406,7 @@ def _trace_ops(
     target: torch.Tensor,
     mode: str,
     name: str,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[list[OpSpec], OpSpec]:
     """Run the forward ops one by one on the example batch and describe each (docs/design.md
     section 3): the ops and their measurements, in trace order, and the output op.
@@ -371,27 +423,26 @@ def _trace_ops(
     order: list[fx.Node] = []
     param_name_of = {id(p): n for n, p in gm.named_parameters()}
     fixed = fixed_storage_ptrs(gm, x, target)
+    folded: dict[fx.Node, fx.Node] = {}  # getitem node -> the tuple op it selects from
 
     for node in gm.graph.nodes:
-        if node.op in ("placeholder", "output"):
+        if node.op in ("placeholder", "output") or node in folded:
             continue
         if node.op == "get_attr":
             values[node] = _Slot("attr", path=str(node.target))
             continue
-        spec, inputs = _op_template(gm, node, x_node, values, spec_of, param_name_of, name)
+        spec, inputs = _op_template(gm, node, x_node, values, spec_of, param_name_of, name, folded)
         in_vals = [values[u] for u in inputs]
         in_specs = [spec_of[u] for u in inputs]
         leaves = [
             alias_leaf(t, train and s.requires_grad) for t, s in zip(in_vals, in_specs, strict=True)
         ]
         y, saved, stochastic, mutates = _run_once(gm, node, spec, leaves, x, train, name)
+        if not isinstance(y, torch.Tensor) and _contains_tensor(y):
+            spec.select = _selected_element(node, y, name)
+            folded.update((u, node) for u in node.users)
+            y = y[spec.select]
         if not isinstance(y, torch.Tensor):
-            if _contains_tensor(y):
-                raise GraphError(
-                    f"{name}: op {node.name!r} ({_target_name(node)}) returns a "
-                    f"{type(y).__name__} of tensors; capture needs one tensor per op "
-                    "(tuple outputs are not supported)"
-                )
             values[node] = y  # a non-tensor value (a size, a shape): folded as a constant
             continue
         y = _describe_output(spec, y, saved, inputs, in_vals, in_specs, leaves, fixed, train)
@@ -402,11 +453,40 @@ def _trace_ops(
         order.append(node)
         del saved[:]
 
+    out_arg = folded.get(out_arg, out_arg)
     specs = _live_ops(spec_of, order, out_arg, name)
     out = specs[-1]
     if train:
-        _check_loss_shapes(out, x, target, name)
+        _check_loss(out, values[out_arg], x, target, name, loss_fn)
     return specs, out
+
+
+def _selected_element(node: fx.Node, y: Any, name: str) -> int:
+    """The one element of a tuple result that the model uses: every reader of ``node`` must
+    be ``result[k]`` with the same constant ``k`` (nn.MultiheadAttention: the output, not the
+    weights). A graph node holds one tensor, so a tuple of which several elements are read is
+    refused, naming the op and the way around it."""
+    what = f"op {node.name!r} ({_target_name(node)})"
+    if not node.users:
+        return 0  # read by nobody: not a node of the graph anyway (_live_ops)
+    used = set()
+    for u in node.users:
+        k = u.args[1] if u.op == "call_function" and u.target is operator.getitem else None
+        if not isinstance(k, int) or len(u.args) != 2:
+            raise GraphError(
+                f"{name}: {what} returns a {type(y).__name__} of tensors that {u.name!r} reads "
+                "whole; capture needs one tensor per op"
+            )
+        if u.users:  # ``x, _ = attention(...)`` makes a getitem for ``_`` that nobody reads
+            used.add(k)
+    if len(used) != 1 or not isinstance(y[next(iter(used))], torch.Tensor):
+        ks = ", ".join(str(k) for k in sorted(used)) or "none"
+        raise GraphError(
+            f"{name}: {what} returns a {type(y).__name__} of which elements {ks} are used; "
+            "capture makes one node per op and needs exactly one tensor of it: make the "
+            "module that calls it a leaf (capture(..., leaf_modules=(TheModule,)))"
+        )
+    return next(iter(used))
 
 
 def _op_template(
@@ -417,9 +497,10 @@ def _op_template(
     spec_of: dict[fx.Node, OpSpec],
     param_name_of: dict[int, str],
     name: str,
+    folded: dict[fx.Node, fx.Node] | None = None,
 ) -> tuple[OpSpec, list[fx.Node]]:
     """The op of ``node`` as an :class:`OpSpec` not yet measured, and the op nodes it reads
-    (distinct, in argument order).
+    (distinct, in argument order; ``folded`` maps a ``getitem`` folded into a tuple op to it).
 
     Its arguments become a template: tensors of earlier ops are input slots, the batch is
     ``x``, everything else a constant, so the executor can bind the op to any device's model
@@ -430,6 +511,7 @@ def _op_template(
 
     def to_slot(a: fx.Node) -> Any:
         nonlocal reads_x
+        a = (folded or {}).get(a, a)
         if a is x_node:
             reads_x = True
             return _Slot("x")
@@ -445,6 +527,12 @@ def _op_template(
         kwargs.pop("inplace")
     if node.op == "call_function" and node.target in (operator.iadd, operator.imul):
         raise GraphError(f"{name}: op {node.name!r} is an in-place {_target_name(node)}")
+    what = _target_name(node)
+    if node.op != "call_module" and what.endswith("_") and not what.startswith("_"):
+        raise GraphError(
+            f"{name}: op {node.name!r} ({what}) changes its input in place; capture needs "
+            f"ops that leave their inputs as they are (write {what[:-1]} instead)"
+        )
     module_path = str(node.target) if node.op == "call_module" else None
     pnames: list[str] = []
     if module_path is not None:
@@ -609,9 +697,28 @@ def _live_ops(
     return specs
 
 
-def _check_loss_shapes(out: OpSpec, x: torch.Tensor, target: torch.Tensor, name: str) -> None:
-    """The training loss is cross-entropy: logits ``[batch, classes]``, ``batch`` class
-    indices as the target."""
+def _check_loss(
+    out: OpSpec,
+    y: torch.Tensor,
+    x: torch.Tensor,
+    target: torch.Tensor,
+    name: str,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None,
+) -> None:
+    """The loss takes the model's output: a user's ``loss_fn`` must return one number for it
+    (tried once on the example output), the default cross-entropy needs logits ``[batch,
+    classes]`` and ``batch`` class indices as the target."""
+    if loss_fn is not None:
+        try:
+            loss = loss_fn(y, target)
+        except Exception as exc:
+            raise GraphError(f"{name}: loss_fn failed on the model's output: {exc}") from exc
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise GraphError(
+                f"{name}: loss_fn must return a tensor with one element, got "
+                f"{type(loss).__name__}{list(getattr(loss, 'shape', []))}"
+            )
+        return
     if len(out.output_shape) != 2 or out.output_shape[0] != x.shape[0]:
         raise GraphError(
             f"{name}: the model's output has shape {list(out.output_shape)}; the loss "
@@ -763,8 +870,18 @@ def _itemsize(dtype: str) -> int:
 def _build_net(net: str, num_classes: int, image_size: int) -> nn.Module:
     if net == "tiny":
         return TinyNet(num_classes=num_classes, image_size=image_size)
+    if net == "gpt2_small":
+        from xengine.graph.nets import GPTConfig, GPTDecoder
+
+        return GPTDecoder(GPTConfig(vocab_size=num_classes, seq_len=image_size))
     import torchvision
 
+    if net == "vit_b_16":
+        if image_size % 16:
+            raise GraphError(f"vit_b_16: image size {image_size} is not a multiple of 16")
+        return torchvision.models.vit_b_16(
+            weights=None, image_size=image_size, num_classes=num_classes
+        )
     if net == "googlenet":
         return torchvision.models.googlenet(
             weights=None, aux_logits=False, init_weights=True, num_classes=num_classes
@@ -785,6 +902,10 @@ def trace_net(
     ``image_size`` defaults to 224 (32 for ``tiny``), ``num_classes`` to 1000 (10 for
     ``tiny``). The input batch is standard normal and the targets uniform class indices, both
     drawn from a generator seeded with ``seed``; the global random state is left untouched.
+    A token net (:data:`TOKEN_NETS`, ``gpt2_small``: :class:`xengine.graph.nets.GPTDecoder`)
+    reads ``batch_size`` sequences of ``image_size`` token ids (default 64) from a vocabulary
+    of ``num_classes`` (default 512), learns the next token at every position, and has its
+    attention blocks as single ops.
     Workspaces are the parameter gradients, as in :func:`capture`;
     ``xengine.profile.workspace.capture_net`` measures them too.
     """
@@ -792,10 +913,11 @@ def trace_net(
         raise GraphError(f"unknown net {net!r}: choose one of {', '.join(TORCHVISION_NETS)}")
     if batch_size < 1:
         raise GraphError(f"batch size must be at least 1, got {batch_size}")
+    token = net in TOKEN_NETS
     if image_size is None:
-        image_size = 32 if net == "tiny" else 224
+        image_size = 32 if net == "tiny" else 64 if token else 224
     if num_classes is None:
-        num_classes = 10 if net == "tiny" else 1000
+        num_classes = 10 if net == "tiny" else 512 if token else 1000
     # torch warns while building a net of absurd sizes (zero-element weights at 1 px); the
     # capture then fails with our one line, so the warnings wait for its outcome
     with warnings.catch_warnings(record=True) as caught:
@@ -805,9 +927,18 @@ def trace_net(
             torch.manual_seed(seed)
             module = _build_net(net, num_classes, image_size)
         gen = torch.Generator().manual_seed(seed)
-        x = torch.randn(batch_size, 3, image_size, image_size, generator=gen)
-        target = torch.randint(0, num_classes, (batch_size,), generator=gen)
-    cap = trace(module, x, target, mode=mode, name=net)
+        if token:
+            x = torch.randint(0, num_classes, (batch_size, image_size), generator=gen)
+            target = torch.randint(0, num_classes, (batch_size, image_size), generator=gen)
+        else:
+            x = torch.randn(batch_size, 3, image_size, image_size, generator=gen)
+            target = torch.randint(0, num_classes, (batch_size,), generator=gen)
+    kwargs: dict[str, Any] = {}
+    if token:
+        from xengine.graph.nets import CausalSelfAttention, token_cross_entropy
+
+        kwargs = {"loss_fn": token_cross_entropy, "leaf_modules": (CausalSelfAttention,)}
+    cap = trace(module, x, target, mode=mode, name=net, **kwargs)
     for w in caught:
         log.warning("%s (building %s): %s", w.category.__name__, net, w.message)
     cap.graph = replace(cap.graph, meta={**cap.graph.meta, "seed": seed})

@@ -19,6 +19,7 @@ Two figures come from :func:`measure_workspace_bytes`:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import torch
@@ -45,11 +46,17 @@ def capture(
     mode: str = "train",
     name: str = "model",
     measure_workspace: bool = True,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    leaf_modules: Sequence[type[nn.Module]] = (),
 ) -> CapturedModel:
-    """:func:`xengine.graph.capture.trace`, then (``measure_workspace``, the default) each
-    node's workspace measured on the CPU allocator (:func:`fill_workspaces`); without, it is
-    the bytes of the parameter gradients a backward node produces."""
-    cap = graph_capture.trace(module, example_input, target, mode=mode, name=name)
+    """Capture ``module`` for scheduling: :func:`xengine.graph.capture.trace` (its
+    ``loss_fn``, by default cross-entropy on class indices, and its ``leaf_modules``, module
+    classes kept as one op), then (``measure_workspace``, the default) each node's workspace
+    measured on the CPU allocator (:func:`fill_workspaces`); without, it is the bytes of the
+    parameter gradients a backward node produces."""
+    cap = graph_capture.trace(
+        module, example_input, target, mode, name, loss_fn=loss_fn, leaf_modules=leaf_modules
+    )
     return fill_workspaces(cap) if measure_workspace else cap
 
 
