@@ -205,3 +205,43 @@ def test_named_transformers_capture(net):
     if net == "vit_b_16":
         with pytest.raises(GraphError, match="not a multiple of 16"):
             capture_net(net, 2, image_size=40)
+
+
+# --------------------------------------------------------------------------- end to end
+QUICK = ["n_steps=1", "warmup=0", "profile.repeats=1", "profile.warmup=0", "profile.progress=false"]
+SMALL = {
+    "gpt2_small": ["net=gpt2_small", "net.batch_size=2", "net.image_size=32"],
+    "vit_b_16": ["net=vit_b_16", "net.batch_size=2", "net.image_size=32"],
+}
+
+
+@pytest.mark.parametrize("net", ["gpt2_small", pytest.param("vit_b_16", marks=pytest.mark.slow)])
+def test_transformer_on_two_cpu_sub_devices_end_to_end(tmp_path, net):
+    """run.py on cpu2+cpu1: captured, profiled on both devices, Checkmate on each device alone
+    with the total memory and XEngine over both, every schedule executed with plain PyTorch's
+    loss and gradients and the peaks the simulator predicted."""
+    from mlflow import MlflowClient
+
+    from tests.helpers import run_cli
+
+    proc = run_cli(
+        tmp_path, *SMALL[net], "devices=cpu2+cpu1", "mem=60%", "strategy=[checkmate]",
+        "solver.time_limit_s=10", *QUICK,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("xengine").experiment_id])
+    m, tags = run.data.metrics, run.data.tags
+    assert tags["xe.status"] == "ok", tags
+    for label, devices in (
+        ("checkmate.cpu2", ("cpu2",)),
+        ("checkmate.cpu1", ("cpu1",)),
+        ("xengine", ("cpu2", "cpu1")),
+    ):
+        assert tags[f"xe.status.{label}"] in ("optimal", "feasible"), (label, tags)
+        assert m[f"{label}/grads_match"] == 1.0, label
+        for d in devices:
+            suffix = f".{d}" if len(devices) > 1 else ""
+            pred = m[f"{label}/predicted_peak_mib{suffix}"]
+            meas = m[f"{label}/measured_peak_mib{suffix}"]
+            assert abs(meas - pred) <= 0.01 * pred + 8 / 1024, (label, d, meas, pred)
