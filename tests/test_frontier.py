@@ -13,6 +13,7 @@ from _schedules import checkpoint_schedule
 
 import baselines.checkmate as cm
 from baselines.heuristics import run_heuristics
+from xengine.checkpoints import min_feasible_budget_bytes
 from xengine.graph.synthetic import chain, training_graph
 from xengine.problem import Instance
 from xengine.simulate import keep_all_peak_bytes, simulate
@@ -83,7 +84,7 @@ def test_heuristic_schedules_are_points_too(g):
 
 
 def _mid_budgets(g):
-    lower, known = cm.min_feasible_budget_bytes(g)
+    lower, known = min_feasible_budget_bytes(g)
     peak = keep_all_peak_bytes(g, DEV)
     return sorted({known, (known + peak) // 2, (3 * known + peak) // 4})
 
