@@ -295,6 +295,10 @@ class _Runtime:
                         p.grad = torch.zeros_like(p)
         unique = {id(p): p for r in [cap.module, *self._roots_unique] for p in r.parameters()}
         self.grad_buffers = [p.grad for p in unique.values() if p.grad is not None]
+        # the nodes a schedule computes again (None: any may be): only a stochastic one of
+        # them keeps its first run's random state, the 5 KiB a replay needs (a plain step
+        # keeps none, and keep-everything measures as one)
+        self.replayed: set[int] | None = None
         self.reset()
 
     # ---------------------------------------------------------------- step state
@@ -458,7 +462,8 @@ class _Runtime:
             )
         if spec.stochastic:
             if first:
-                self.rng_states[v] = rng_state(dev)
+                if self.replayed is None or v in self.replayed:
+                    self.rng_states[v] = rng_state(dev)
                 self.first_fwd_device[v] = d
             else:
                 set_rng_state(dev, self.rng_states[v])
@@ -767,6 +772,16 @@ def _ticking(clock, node: int):
         clock(node)
 
     return prehook
+
+
+def _recomputed(ops: Sequence[Op]) -> set[int]:
+    """The nodes ``ops`` compute more than once (on any device)."""
+    seen: set[int] = set()
+    again: set[int] = set()
+    for op in ops:
+        if op.kind == "compute":
+            (again if op.node in seen else seen).add(op.node)
+    return again
 
 
 def _do(rt: _Runtime, actions: Sequence[Action]) -> None:
@@ -1080,6 +1095,7 @@ class CompiledSchedule:
         self.captured, self.inst = captured, inst
         self.devices = tuple(inst.devices)
         self.rt = rt = _Runtime(captured, self.devices)
+        rt.replayed = _recomputed(self.sim.ops)
         self.dspecs = [rt.specs[d] for d in self.devices]
         self.cpu_devices = [d for d in self.devices if not rt.specs[d].is_cuda]
         self.cuda_devices = [d for d in self.devices if rt.specs[d].is_cuda]
