@@ -246,3 +246,15 @@ def test_transformer_on_two_cpu_sub_devices_end_to_end(tmp_path, net):
             pred = m[f"{label}/predicted_peak_mib{suffix}"]
             meas = m[f"{label}/measured_peak_mib{suffix}"]
             assert abs(meas - pred) <= 0.01 * pred + 8 / 1024, (label, d, meas, pred)
+
+
+def test_the_readme_example_runs(capsys):
+    """The README's "your own model" example, as it is written there."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = text.split("## Transformers and your own model", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(code, "README.md", "exec"), {})  # noqa: S102
+    status, *_ = capsys.readouterr().out.split()
+    assert status in ("optimal", "feasible")
