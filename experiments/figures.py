@@ -126,8 +126,11 @@ class RunRecord:
             return Path(g).stem
         net = self.params.get("net.name", "?")
         b = self.params.get("net.batch_size", "?")
-        px = self.params.get("net.image_size", "?")
-        return f"{net} b{b} {px}px {self.params.get('mode', 'train')}"
+        from xengine.graph.capture import TOKEN_NETS  # torch loads once, when a run is named
+
+        size = self.params.get("net.image_size", "?")
+        size = f"{size} tokens" if net in TOKEN_NETS else f"{size}px"  # a text model's length
+        return f"{net} b{b} {size} {self.params.get('mode', 'train')}"
 
     @property
     def experiment_choice(self) -> str:
