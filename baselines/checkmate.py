@@ -61,15 +61,14 @@ def solve_checkmate(
 ) -> StrategyResult:
     """Solve Checkmate's MILP for a one-device instance.
 
-    With ``frontier`` (default) the frontier relaxation (:mod:`xengine.strategies.frontier`) runs
-    first,
-    for at most :data:`FRONTIER_SHARE` of the time limit: its bound holds for this model and
-    is far tighter than the MILP's own (resnet18 b4 at 70 %: a gap of 0.82 % after 5 s,
-    where the MILP alone ends at 4.72 % after 10 s and 4.15 % after 120 s; docs/measurements.md),
-    and its solution is often a schedule that fits. When the best fitting schedule meets that
-    bound, it is optimal and the MILP is not needed; otherwise the MILP starts from it, with
-    the bound as a floor on its objective, for the rest of the limit (which counts from the
-    start, heuristics included). ``warm_start=False`` gives neither model a start.
+    With ``frontier`` (default) the frontier relaxation (:mod:`xengine.strategies.frontier`)
+    runs first, for at most :data:`FRONTIER_SHARE` of the time limit: its bound holds for this model
+    and is far tighter than the MILP's own (resnet18 b4 at 70 %: a gap of 0.82 % after 5 s, where
+    the MILP alone ends at 4.72 % after 10 s and 4.15 % after 120 s; docs/measurements.md), and its
+    solution is often a schedule that fits. When the best fitting schedule meets that bound, it is
+    optimal and the MILP is not needed; otherwise the MILP starts from it, with the bound as a floor
+    on its objective, for the rest of the limit (which counts from the start, heuristics included).
+    ``warm_start=False`` gives neither model a start.
 
     The returned schedule is the solver's S with R re-derived by :func:`solve_r_opt` (unused
     residents dropped first); ``extra`` keeps the solver's raw schedule and its simulation

@@ -8,8 +8,7 @@ The interior-point and PDLP bounds are computed from their multipliers by weak d
 every column is a proven bound; PDLP's holds when it is stopped by the limit too. Each
 relaxation is that of one written form of the FREE rows (``--free-rows``: the tight AND rows
 that :func:`~xengine.strategies.bounds.lp_bound_s` uses by default, and/or Checkmate's hazard
-count), so
-the forms' bounds and times are compared side by side too. Writes
+count), so the forms' bounds and times are compared side by side too. Writes
 ``results/lp_bound_speed/lp_bound_speed.{csv,png}``.
 
     python experiments/lp_bound_speed.py --nets vgg16,resnet18,resnet50 --time-limit-s 600

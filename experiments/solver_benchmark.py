@@ -73,8 +73,7 @@ FORMULATIONS: dict[str, dict] = {
 """Name -> keyword arguments of the formulation's builder (:data:`VARIANTS`, else
 :func:`xengine.strategies.formulation.build`). ``default`` is what
 :func:`xengine.strategies.solve.solve_xengine` builds for the solver (the tight FREE rows on the
-MILP
-solvers); ``hazard`` is the same reduced model with Checkmate's hazard-count FREE rows, the
+MILP solvers); ``hazard`` is the same reduced model with Checkmate's hazard-count FREE rows, the
 default before they were measured here; ``reference`` the published form. ``intervals`` is the
 retention-interval model of :mod:`xengine.strategies.intervals`; it always runs on CP-SAT (its rows
 say

@@ -1,6 +1,5 @@
 """The frontier relaxation (xengine/strategies/frontier.py): every schedule is a point of it at its
-own
-time, so its optimum bounds Checkmate's; and solve_checkmate's use of it."""
+own time, so its optimum bounds Checkmate's; and solve_checkmate's use of it."""
 
 from __future__ import annotations
 

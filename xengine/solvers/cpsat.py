@@ -9,8 +9,7 @@ can be made an integer variable *without changing the optimum*; otherwise
    combination of integers: ``sigma_j * x_j`` is an integer at *every* feasible point for the
    ``sigma_j`` found by a floating-point gcd of the row's ratios. The memory columns ``U`` of
    :mod:`xengine.strategies.formulation` (sums of tensor sizes) are resolved this way, in units of
-   the
-   gcd of the tensor sizes.
+   the gcd of the tensor sizes.
 2. **Implied integer.** A continuous column with integer bounds whose "good" rows (all other
    columns integer/resolved-by-1, coefficients and sides integer after dividing by its
    coefficient) bound it by integers, while every other row only bounds it from the side the

@@ -223,10 +223,9 @@ def start_candidates(
     2. the optimum of XEngine's model restricted to the best placement over several devices
        (fitting or, failing that, least over the budgets; each node on its
        placed device only; :func:`xengine.strategies.solve.solve_xengine` with ``placement``),
-       solved
-       with ``options`` as they are: on resnet18 with two CPU sub-devices it reached a 0.5 %
-       gap only after 78 s (32 % at 22 s), so a shorter limit or a looser gap costs most of
-       its value. Skipped when the placement uses one device. ``formulation`` is XEngine's model
+       solved with ``options`` as they are: on resnet18 with two CPU sub-devices it reached a 0.5 %
+       gap only after 78 s (32 % at 22 s), so a shorter limit or a looser gap costs most of its
+       value. Skipped when the placement uses one device. ``formulation`` is XEngine's model
        (``exact`` MILP or ``intervals``, :mod:`xengine.strategies.intervals`).
 
     Candidates may exceed the budgets only if the caller checks; both kinds here fit.

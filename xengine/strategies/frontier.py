@@ -1,11 +1,10 @@
 """The frontier relaxation: a small MILP whose optimum bounds any one-device schedule's time.
 
 Checkmate's MILP (Jain et al., MLSys 2020, eq. 1-9; :mod:`xengine.strategies.formulation` with one
-device)
-tracks memory after every operation of every stage, through the FREE and U variables. Its LP
-relaxation is weak: on resnet18 b4 at 70 % it barely leaves the keep-everything time, and
-HiGHS moves its bound by 1 ms in 120 s (docs/measurements.md, "The frontier relaxation"). This
-model keeps only what can be stated without the order of operations inside a stage:
+device) tracks memory after every operation of every stage, through the FREE and U variables. Its LP
+relaxation is weak: on resnet18 b4 at 70 % it barely leaves the keep-everything time, and HiGHS
+moves its bound by 1 ms in 120 s (docs/measurements.md, "The frontier relaxation"). This model keeps
+only what can be stated without the order of operations inside a stage:
 
 * ``H[t, x]``: tensor ``x`` (a value, or a forward op's autograd state) is resident when stage
   ``t`` starts; ``C[t, i]``: node ``i < t`` is computed again in stage ``t``.

@@ -1,13 +1,12 @@
 """The retention-interval model on OR-Tools CP-SAT, for one device or several (issue 5).
 
-Why a second model: the Checkmate / XEngine MILP (:mod:`xengine.strategies.formulation`) has D x n
-x n
-binaries for R and S alone, and its LP relaxation is what open-source MILP solvers spend their
-time on (shared/reference/solver-calibration.md: ResNet-50 gets no solution from HiGHS in
-600 s). MOCCASIN (Bartan et al., ICML 2023) writes the same single-device problem with
-O(n) interval variables on CP-SAT and solves the large graphs far faster. This module is our
-own version of that idea, written for xengine's semantics (docs/design.md section 5) and extended
-to several devices with copies.
+Why a second model: the Checkmate / XEngine MILP (:mod:`xengine.strategies.formulation`) has D x n x
+n binaries for R and S alone, and its LP relaxation is what open-source MILP solvers spend their
+time on (shared/reference/solver-calibration.md: ResNet-50 gets no solution from HiGHS in 600 s).
+MOCCASIN (Bartan et al., ICML 2023) writes the same single-device problem with O(n) interval
+variables on CP-SAT and solves the large graphs far faster. This module is our own version of that
+idea, written for xengine's semantics (docs/design.md section 5) and extended to several devices
+with copies.
 
 Events. Stage ``t`` runs nodes ``v <= t`` in order; step ``(t, v)`` is the event
 ``e(t, v) = t n + v``, so events are ordered as the simulator replays them (events with
@@ -297,10 +296,10 @@ def solve_intervals(
     computed (without a placement restriction) and given to CP-SAT the same way.
     ``lp_bound="alongside"`` computes the LP bound (:func:`lp_bound_s`, PDLP from resnet50's
     size on) in a process of its own on one CPU for the whole time limit, while CP-SAT
-    searches on the other CPUs (:class:`xengine.strategies.bounds.LpBoundAlongside`). CP-SAT cannot
-    use
-    that bound during its search (it only stops at the time limit then), but it is reported
-    as ``best_bound_s`` and ``gap`` like the other; ``solve_time_s`` includes waiting for it.
+    searches on the other CPUs (:class:`xengine.strategies.bounds.LpBoundAlongside`). CP-SAT
+    cannot use that bound during its search (it only stops at the time limit then), but it is
+    reported as ``best_bound_s`` and ``gap`` like the other; ``solve_time_s`` includes waiting
+    for it.
     """
     try:
         from ortools.sat.python import cp_model

@@ -220,9 +220,8 @@ def _tighten_with_placement_bound(
     res: StrategyResult, inst: Instance, options: SolverOptions
 ) -> None:
     """A MILP stopped at its limit: its bound may be weaker than the placement bound
-    (:func:`xengine.strategies.bounds.placement_bound_s`, valid for the whole problem, a fraction
-    of a
-    second). Report the better one; an incumbent that meets it is proven optimal."""
+    (:func:`xengine.strategies.bounds.placement_bound_s`, valid for the whole problem, a fraction of
+    a second). Report the better one; an incumbent that meets it is proven optimal."""
     from xengine.strategies.bounds import placement_bound_s
 
     bound = placement_bound_s(inst, options)
