@@ -1,4 +1,4 @@
-"""Convert shipped profiles to the graph with autograd states (issue 15), without re-measuring.
+"""Convert shipped profiles to the graph captured today, without re-measuring.
 
 The profiles under ``results/profiles/`` were measured on a machine with an H200, which this
 one does not have. Their costs are per node *name*, and the value / state split changes which
@@ -8,6 +8,11 @@ and copy fits), its key is pointed at the graph that this machine captures today
 saves, the profile's costs). Op workspaces were not measured per device then: the converted
 profile has none, so runs use the workspaces captured here (CPU, this machine's threads), and
 the file's ``measured`` field says so.
+
+Since issue 20 a view op (``flatten``, ``reshape``, dropout with p = 0) is folded into the op
+that reads it: the converter drops the times of those nodes and their backward nodes (they
+timed a copy the executor no longer makes, a view costs nothing) and says so in ``measured``.
+A node of today's graph that the profile does not time is an error.
 
     python experiments/convert_profiles.py results/profiles/*.profile.json \
         results/profiles/more_batch_sizes/*.profile.json
@@ -32,6 +37,7 @@ from xengine.profile.workspace import capture_net  # noqa: E402
 
 log = logging.getLogger("convert_profiles")
 NOTE = "converted to graph version 2 (values and autograd states)"
+VIEWS_NOTE = "views folded into their readers (issue 20): the times of"
 
 
 def convert(path: Path) -> Path:
@@ -46,10 +52,25 @@ def convert(path: Path) -> Path:
     )
     graph = cap.graph
     names = {v.name for v in graph.nodes}
+    dropped: set[str] = set()
     for d, table in prof.compute_s.items():
-        if set(table) != names:
-            raise SystemExit(f"{path}: compute_s.{d} does not name the nodes captured here")
+        missing = names - set(table)
+        if missing:
+            raise SystemExit(
+                f"{path}: compute_s.{d} has no time for {len(missing)} node(s) captured here "
+                f"(first: {sorted(missing)[0]!r})"
+            )
+        dropped |= set(table) - names
+    compute_s = {
+        d: {v: t for v, t in table.items() if v in names} for d, table in prof.compute_s.items()
+    }
     measured = prof.measured
+    if dropped:
+        log.info("%s: dropping the times of %s (views, folded)", path, ", ".join(sorted(dropped)))
+        measured += (
+            f"; {VIEWS_NOTE} {', '.join(sorted(dropped))} dropped on "
+            f"{datetime.now(UTC).strftime('%Y-%m-%d')}"
+        )
     if NOTE not in measured:
         measured += (
             f"; {NOTE} on {datetime.now(UTC).strftime('%Y-%m-%d')} from a capture with torch "
@@ -58,7 +79,7 @@ def convert(path: Path) -> Path:
         )
     new = Profile(
         key={**key, "graph_sha": graph.meta["graph_sha"]},
-        compute_s=prof.compute_s,
+        compute_s=compute_s,
         copy=prof.copy,
         source=str(path),
         measured=measured,

@@ -18,8 +18,10 @@ The forward ops are run once on the example batch, on the CPU, to measure what t
 * whether the op draws random numbers (dropout: the CPU generator moves) or mutates module
   buffers (batch-norm running statistics), which the executor needs to make recomputation free
   of side effects;
-* whether its output shares storage with an input (``flatten``, ``view``): such outputs are
-  cloned so that every node owns its value and memory accounting is exact.
+* whether its result shares storage with an input or fixed memory (``flatten``, ``view``,
+  ``transpose``, ``split``): such a view op is no node but is folded into the ops that read it
+  (:class:`_View`), so its storage is counted once, as its base's, as in a plain PyTorch step;
+  the model's output, when it is a view, is cloned (the loss reads it).
 
 In-place ops are disabled (``inplace=False`` on modules, ``inplace`` kwargs dropped on
 functions): the numbers are identical and no op overwrites a tensor a schedule still holds.
@@ -112,6 +114,32 @@ class _Slot:
     path: str = ""
 
 
+@dataclass(frozen=True)
+class _View:
+    """A view op folded into the op that reads it (docs/design.md section 3): the reader
+    evaluates ``op``/``target`` on its filled ``args`` itself, so the view's result is the
+    storage of its base, counted once as the base's value, as in a plain PyTorch step.
+    ``args`` and ``kwargs`` are templates in the reader's slots (a chain of views nests)."""
+
+    op: str
+    target: Any
+    args: tuple
+    kwargs: dict
+
+
+def _callable(root: nn.Module, op: str, target: Any) -> Callable[..., Any]:
+    """The function an fx node of kind ``op`` calls, resolved on ``root``."""
+    if op == "call_module":
+        return root.get_submodule(target)
+    if op == "call_function":
+        return target
+
+    def method(obj, *a, **k):
+        return getattr(obj, target)(*a, **k)
+
+    return method
+
+
 def _get_attr(root: nn.Module, path: str) -> Any:
     obj: Any = root
     for part in path.split("."):
@@ -162,8 +190,14 @@ class OpSpec:
         args, kwargs = self.args, self.kwargs
 
         attrs: dict[str, Any] = {}
+        view_fns: dict[int, Callable[..., Any]] = {}
 
         def fill(a: Any, ins: Sequence[torch.Tensor], x: torch.Tensor) -> Any:
+            if isinstance(a, _View):
+                key = id(a)
+                if key not in view_fns:
+                    view_fns[key] = _callable(root, a.op, a.target)
+                return view_fns[key](*fill(a.args, ins, x), **fill(a.kwargs, ins, x))
             if isinstance(a, _Slot):
                 if a.kind == "in":
                     return ins[a.index]
@@ -180,16 +214,7 @@ class OpSpec:
                 return {k: fill(b, ins, x) for k, b in a.items()}
             return a
 
-        if self.op == "call_module":
-            fn = root.get_submodule(self.target)
-        elif self.op == "call_function":
-            fn = self.target
-        else:
-            method = self.target
-
-            def fn(obj, *a, **k):
-                return getattr(obj, method)(*a, **k)
-
+        fn = _callable(root, self.op, self.target)
         select = self.select
 
         def run(ins: Sequence[torch.Tensor], x: torch.Tensor) -> Any:
@@ -289,7 +314,7 @@ def _target_name(node: fx.Node) -> str:
     t = node.target
     if node.op == "call_module" or node.op == "call_method":
         return str(t)
-    return getattr(t, "__qualname__", None) or getattr(t, "__name__", None) or str(t)
+    return getattr(t, "__name__", None) or getattr(t, "__qualname__", None) or str(t)
 
 
 def _unique_name(name: str, taken: set[str]) -> str:
@@ -424,6 +449,7 @@ def _trace_ops(
     param_name_of = {id(p): n for n, p in gm.named_parameters()}
     fixed = fixed_storage_ptrs(gm, x, target)
     folded: dict[fx.Node, fx.Node] = {}  # getitem node -> the tuple op it selects from
+    views: set[fx.Node] = set()  # view ops folded into their readers
 
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output") or node in folded:
@@ -431,13 +457,19 @@ def _trace_ops(
         if node.op == "get_attr":
             values[node] = _Slot("attr", path=str(node.target))
             continue
-        spec, inputs = _op_template(gm, node, x_node, values, spec_of, param_name_of, name, folded)
+        spec, inputs = _op_template(
+            gm, node, x_node, values, spec_of, param_name_of, name, folded, views
+        )
         in_vals = [values[u] for u in inputs]
         in_specs = [spec_of[u] for u in inputs]
         leaves = [
             alias_leaf(t, train and s.requires_grad) for t, s in zip(in_vals, in_specs, strict=True)
         ]
         y, saved, stochastic, mutates = _run_once(gm, node, spec, leaves, x, train, name)
+        if node is not out_arg and _is_view(y, in_vals, fixed, spec, stochastic or mutates):
+            views.add(node)  # its readers evaluate it on its base (:class:`_View`)
+            del saved[:]
+            continue
         if not isinstance(y, torch.Tensor) and _contains_tensor(y):
             spec.select = _selected_element(node, y, name)
             folded.update((u, node) for u in node.users)
@@ -454,11 +486,33 @@ def _trace_ops(
         del saved[:]
 
     out_arg = folded.get(out_arg, out_arg)
+    if views:
+        log.debug("%s: %d view ops folded into their readers", name, len(views))
     specs = _live_ops(spec_of, order, out_arg, name)
     out = specs[-1]
     if train:
         _check_loss(out, values[out_arg], x, target, name, loss_fn)
     return specs, out
+
+
+def _is_view(
+    y: Any, in_vals: list[torch.Tensor], fixed: set[int], spec: OpSpec, side_effects: bool
+) -> bool:
+    """Whether the op only looks at existing storage another way (``view``, ``reshape`` of a
+    contiguous tensor, ``transpose``, ``flatten``, slicing, ``split``, ``expand``, dropout with
+    p = 0): its result, a tensor or a tuple of tensors, holds no storage but an op input's or
+    fixed memory's (the batch, a parameter, a buffer). Such an op is folded into its readers
+    (:class:`_View`), so the storage is counted once, as its base's value or as fixed memory,
+    and kept as long as any reader needs it, as in a plain PyTorch step. The model's output is
+    never folded (the loss reads it): when it is a view it is copied."""
+    if side_effects or (spec.module_path is not None and spec.param_names):
+        return False
+    tensors = list(y) if isinstance(y, (tuple, list)) else [y]
+    if not tensors or not all(isinstance(t, torch.Tensor) for t in tensors):
+        return False
+    bases = {storage_ptr(t) for t in in_vals} | fixed
+    bases.discard(0)
+    return all(t.numel() > 0 and storage_ptr(t) in bases for t in tensors)
 
 
 def _selected_element(node: fx.Node, y: Any, name: str) -> int:
@@ -479,10 +533,11 @@ def _selected_element(node: fx.Node, y: Any, name: str) -> int:
             )
         if u.users:  # ``x, _ = attention(...)`` makes a getitem for ``_`` that nobody reads
             used.add(k)
+    kind = "tuple" if isinstance(y, tuple) else type(y).__name__
     if len(used) != 1 or not isinstance(y[next(iter(used))], torch.Tensor):
         ks = ", ".join(str(k) for k in sorted(used)) or "none"
         raise GraphError(
-            f"{name}: {what} returns a {type(y).__name__} of which elements {ks} are used; "
+            f"{name}: {what} returns a {kind} of which elements {ks} are used; "
             "capture makes one node per op and needs exactly one tensor of it: make the "
             "module that calls it a leaf (capture(..., leaf_modules=(TheModule,)))"
         )
@@ -498,9 +553,11 @@ def _op_template(
     param_name_of: dict[int, str],
     name: str,
     folded: dict[fx.Node, fx.Node] | None = None,
+    views: set[fx.Node] | None = None,
 ) -> tuple[OpSpec, list[fx.Node]]:
     """The op of ``node`` as an :class:`OpSpec` not yet measured, and the op nodes it reads
-    (distinct, in argument order; ``folded`` maps a ``getitem`` folded into a tuple op to it).
+    (distinct, in argument order; ``folded`` maps a ``getitem`` folded into a tuple op to it;
+    a view in ``views`` becomes a :class:`_View` on the nodes it reads in turn).
 
     Its arguments become a template: tensors of earlier ops are input slots, the batch is
     ``x``, everything else a constant, so the executor can bind the op to any device's model
@@ -512,6 +569,13 @@ def _op_template(
     def to_slot(a: fx.Node) -> Any:
         nonlocal reads_x
         a = (folded or {}).get(a, a)
+        if views and a in views:
+            return _View(
+                a.op,
+                a.target,
+                fx.node.map_arg(a.args, to_slot),
+                dict(fx.node.map_arg(a.kwargs, to_slot)),
+            )
         if a is x_node:
             reads_x = True
             return _Slot("x")
@@ -540,6 +604,10 @@ def _op_template(
         pnames = [f"{module_path}.{n}" for n, p in sub.named_parameters() if p.requires_grad]
 
     def find_params(a: Any) -> None:
+        if isinstance(a, _View):  # a parameter the view reads: its gradient is this op's
+            find_params(a.args)
+            find_params(a.kwargs)
+            return
         if isinstance(a, _Slot) and a.kind == "attr":
             a = _get_attr(gm, a.path)
         if isinstance(a, nn.Parameter) and a.requires_grad and id(a) in param_name_of:
