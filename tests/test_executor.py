@@ -281,3 +281,39 @@ def test_inference_graph_runs_forward_only():
     assert res.param_grads == {} and ref.param_grads == {}
     assert np.isfinite(res.loss) and res.loss == ref.loss
     assert within(res.peak_bytes["cpu"], res.predicted_peak_bytes["cpu"])
+
+
+class _SavedOutput(torch.nn.Module):
+    """The last op (sigmoid) saves its output for its backward: the loss may not release it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(64, 32)
+
+    def forward(self, x):
+        return torch.sigmoid(self.lin(x))
+
+
+def test_the_loss_releases_the_logits_only_where_nothing_reads_them_later():
+    """Keep-everything on ``tiny``: the logits' only reader is the loss, which lets go of them;
+    a model whose last op saves its output keeps them for its backward; a schedule that
+    computes the loss twice keeps them for the second time. Each measures as predicted."""
+    from xengine.execute.executor import loss_releases_logits
+    from xengine.profile.workspace import capture
+    from xengine.simulate import Op
+
+    cap = tiny()
+    inst = single(cap)
+    ops = simulate(inst, keep_all_schedule(inst)).ops
+    assert loss_releases_logits(cap.graph, ops)
+    loss = cap.loss_index
+    twice = [*ops, Op("compute", loss, loss, 0)]
+    assert not loss_releases_logits(cap.graph, twice)
+    torch.manual_seed(0)
+    saved = capture(_SavedOutput(), torch.randn(256, 64), torch.randint(0, 32, (256,)))
+    inst = single(saved)
+    assert not loss_releases_logits(saved.graph, simulate(inst, keep_all_schedule(inst)).ops)
+    res, _ = run_beside_reference(
+        saved, inst, keep_all_schedule(inst), rtol=0, atol=0, measure_memory=True
+    )
+    assert abs(res.peak_bytes["cpu"] - res.predicted_peak_bytes["cpu"]) <= 8192

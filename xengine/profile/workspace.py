@@ -25,7 +25,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from xengine.execute.executor import LABEL_PREFIX, _Runtime
+from xengine.execute.executor import LABEL_PREFIX, _Runtime, loss_releases_logits
 from xengine.graph import capture as graph_capture
 from xengine.graph.capture import CapturedModel
 from xengine.problem import Instance
@@ -114,6 +114,7 @@ def measure_workspace_bytes(captured: CapturedModel, device: str = "cpu") -> lis
     start = TorchState(captured.gm.buffers(), grads_of=captured.module.parameters())
     threads0 = torch.get_num_threads()
     rt = _Runtime(captured, [device])
+    rt.loss_releases = loss_releases_logits(g, ops)  # as the executor runs the loss
     rt.zero_grads()
     try:
         if rt.specs[device].is_cuda:
