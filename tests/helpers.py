@@ -1,4 +1,4 @@
-"""Small graphs shared by the solver tests."""
+"""Helpers shared by the tests: small graphs, the CLI in a subprocess, a recording tracker."""
 
 from __future__ import annotations
 
@@ -69,3 +69,25 @@ def run_cli(tmp_path: Path, *args: str, timeout: int = 300) -> subprocess.Comple
     return subprocess.run(
         cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp_path, env=env
     )
+
+
+class Recorder:
+    """A tracker that keeps what it is given."""
+
+    def __init__(self):
+        self.metrics_, self.tags_, self.artifacts = {}, {}, {}
+
+    def metrics(self, values):
+        self.metrics_.update(values)
+
+    def tags(self, values):
+        self.tags_.update(values)
+
+    def json_artifact(self, data, artifact_file):
+        self.artifacts[artifact_file] = data
+
+    def text_artifact(self, text, artifact_file):
+        self.artifacts[artifact_file] = text
+
+    def file_artifact(self, path, artifact_path=None):
+        self.artifacts[Path(path).name] = Path(path).read_text()

@@ -17,7 +17,7 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from tests.helpers import run_cli
+from tests.helpers import Recorder, run_cli
 from xengine.checkpoints import min_feasible_budget_bytes
 from xengine.config import BudgetError, ConfigError, RunConfig
 from xengine.execute.executor import available_devices
@@ -321,28 +321,6 @@ def test_every_net_config_names_a_capturable_net():
 
 
 # --------------------------------------------------------------------------- the pipeline
-class Recorder:
-    """A tracker that keeps what it is given."""
-
-    def __init__(self):
-        self.metrics_, self.tags_, self.artifacts = {}, {}, {}
-
-    def metrics(self, values):
-        self.metrics_.update(values)
-
-    def tags(self, values):
-        self.tags_.update(values)
-
-    def json_artifact(self, data, artifact_file):
-        self.artifacts[artifact_file] = data
-
-    def text_artifact(self, text, artifact_file):
-        self.artifacts[artifact_file] = text
-
-    def file_artifact(self, path, artifact_path=None):
-        self.artifacts[Path(path).name] = Path(path).read_text()
-
-
 def _fake(status, with_schedule=False, raises=None):
     def solve(inst, **kwargs):
         if raises is not None:

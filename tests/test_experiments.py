@@ -123,6 +123,9 @@ def test_find_finished_run(uri):
     time.sleep(0.01)
     newer = _run(client, exp_id, {FINGERPRINT_TAG: "abc", "xe.status": "partial"})
     assert find_finished_run(client, "xengine", "abc") == newer
+    time.sleep(0.01)
+    _run(client, exp_id, {FINGERPRINT_TAG: "abc", "xe.status": "wrong"})  # a wrong answer: redo
+    assert find_finished_run(client, "xengine", "abc") == newer
     assert find_finished_run(client, exp_id, "abc") == newer  # by id too
     assert find_finished_run(client, "xengine", "it's") is None  # quotes are escaped
 

@@ -36,14 +36,16 @@ from xengine.commandline import (
 )
 from xengine.config import ConfigError, RunConfig
 from xengine.graph.types import GraphError
-from xengine.pipeline import run_pipeline, run_status
+from xengine.pipeline import run_pipeline
 from xengine.prepare import Prepared, prepare
 from xengine.protocol import summarize
 from xengine.records.record import NullTracker, Tracker
+from xengine.result import run_status, wrong_lines
 from xengine.solvers import SolverUnavailable
 from xengine.units import MemorySpecError, format_bytes
 
 EXIT_BAD_INPUT = 2
+EXIT_WRONG = 4  # a single run that executed a schedule with a wrong answer (xe.status=wrong)
 BAD_INPUT = (ConfigError, GraphError, MemorySpecError, SolverUnavailable)
 _REPO = Path(__file__).resolve().parents[1]  # the checkout, for the git commit tag
 
@@ -83,6 +85,12 @@ def run_job(cfg: DictConfig) -> None:
     rows = _run_tracked(cfg, console, fingerprint, run_cfg, prepared, multirun)
     if rows is not None:
         _print_table(rows, run_cfg, prepared)
+        if run_status(rows) == "wrong" and not multirun:
+            sys.stderr.write(
+                "error: a schedule was executed with a wrong answer (see WRONG under the "
+                "table); the run is recorded with xe.status=wrong\n"
+            )
+            sys.exit(EXIT_WRONG)
 
 
 def _fingerprint_or_skip(cfg: DictConfig, multirun: bool) -> str | None:
@@ -123,7 +131,10 @@ def _run_tracked(
             _start(tracker, cfg)
             try:
                 rows = run_pipeline(run_cfg, tracker, prepared)
-                tracker.tags({"xe.status": run_status(rows)})
+                status = run_status(rows)
+                tracker.tags({"xe.status": status})
+                if status == "wrong":
+                    tracker.tags({"xe.wrong": ",".join(r.label for r in rows if r.wrong)})
                 tracker.text_artifact(table_csv(rows), "table.csv")
             finally:
                 _job_files(tracker)
@@ -144,6 +155,7 @@ def _print_table(rows: list, run_cfg: RunConfig, prepared: Prepared) -> None:
     footer = []
     if len(run_cfg.devices) > 1:
         footer = summary_lines(summarize(rows), run_cfg.devices)
+    footer += wrong_lines(rows)
     print(format_table(rows, title=_title(run_cfg, prepared), footer=footer))
 
 

@@ -223,19 +223,21 @@ def _execute_into(
             executed[key] = (row.label, ex)
     row.execution = ex
     _fill_measurement(row, ex)
-    if ex.violations:  # measured peak above budget + the executor's stated tolerance
-        row.note = "; ".join([row.note, *ex.violations]) if row.note else "; ".join(ex.violations)
+    wrong = list(ex.violations)  # measured peak above budget + the executor's stated tolerance
     checked = check_grads(ex, row.devices, references, cfg.grad_rtol, cfg.grad_atol)
-    if checked is None:
-        return  # a reference step failed: nothing to compare with
-    row.grads_match, row.grads_max_rel_diff = checked
-    if not row.grads_match:
-        log.warning(
-            "%s: loss or gradients differ from plain PyTorch (largest difference %s of "
-            "the tensor's largest magnitude)",
-            row.label,
-            "unknown" if row.grads_max_rel_diff is None else f"{row.grads_max_rel_diff:.3g}",
-        )
+    if checked is not None:  # None: a reference step failed, nothing to compare with
+        row.grads_match, row.grads_max_rel_diff = checked
+        if not row.grads_match:
+            diff = row.grads_max_rel_diff
+            wrong.insert(
+                0,
+                "loss or gradients differ from plain PyTorch's (largest difference "
+                f"{'unknown' if diff is None else f'{diff:.3g}'} of the tensor's largest "
+                f"magnitude; rtol {cfg.grad_rtol:g}, atol {cfg.grad_atol:g})",
+            )
+    if wrong:
+        row.wrong = "; ".join(wrong)
+        log.error("%s: WRONG: %s", row.label, row.wrong)
 
 
 def _schedule_key(sched: Schedule, inst: Instance) -> str:
@@ -248,9 +250,3 @@ def _schedule_key(sched: Schedule, inst: Instance) -> str:
         h.update(repr(a.shape).encode())
         h.update(a.tobytes())
     return h.hexdigest()
-
-
-def run_status(rows: list[RunRow]) -> str:
-    """``ok`` when every strategy produced its answer, ``partial`` when one failed."""
-    bad = [r for r in rows if r.status == "error" or r.note.startswith("execution failed")]
-    return "partial" if bad else "ok"

@@ -116,7 +116,10 @@ class RunRow:
     """One line of the comparison table (and of ``table.csv``).
 
     ``alone``: a single-device strategy in a run over several devices, on one device with the
-    total memory of all of them (the paper's baseline)."""
+    total memory of all of them (the paper's baseline). ``wrong``: why the executed schedule
+    is not a right answer (its loss or gradients differ from plain PyTorch's, or its measured
+    peak is over a budget by more than the executor's tolerance); empty when it is right or
+    was not executed. One wrong row makes the whole run ``wrong`` (:func:`run_status`)."""
 
     label: str
     strategy: str
@@ -136,6 +139,7 @@ class RunRow:
     grads_max_rel_diff: float | None = None
     note: str = ""
     alone: bool = False
+    wrong: str = ""
     result: StrategyResult | None = field(default=None, repr=False)
     execution: Any = field(default=None, repr=False)
 
@@ -195,3 +199,22 @@ def row_of(label: str, res: StrategyResult) -> RunRow:
         if sim.violations and not row.note:
             row.note = f"over budget in the simulator: {sim.violations[0]}"
     return row
+
+
+def run_status(rows: list[RunRow]) -> str:
+    """The run's ``xe.status`` (docs/design.md section 10: no silent wrong answers):
+    ``wrong`` when an executed schedule is not a right answer (:attr:`RunRow.wrong`), else
+    ``partial`` when a strategy or an execution failed, else ``ok``. A resumed sweep runs a
+    ``wrong`` point again (``xengine.records.sweep.BAD_STATUSES``)."""
+    if any(r.wrong for r in rows):
+        return "wrong"
+    bad = [r for r in rows if r.status == "error" or r.note.startswith("execution failed")]
+    return "partial" if bad else "ok"
+
+
+def wrong_lines(rows: list[RunRow]) -> list[str]:
+    """The lines under the table that name every wrong row and why."""
+    wrong = [r for r in rows if r.wrong]
+    if not wrong:
+        return []
+    return ["WRONG (run status: wrong):", *(f"  {r.label}: {r.wrong}" for r in wrong)]

@@ -85,6 +85,8 @@ def record_row(tracker: Tracker, row: RunRow) -> None:
     tags = {f"xe.status.{row.label}": row.status}
     if row.note:
         tags[f"xe.note.{row.label}"] = row.note[:4000]
+    if row.wrong:
+        tags[f"xe.wrong.{row.label}"] = row.wrong[:4000]
     tracker.tags(tags)
     if row.result is not None and row.result.schedule is not None:
         tracker.json_artifact(row.result.schedule.to_json(), f"schedules/{row.label}.json")

@@ -72,6 +72,7 @@ CSV_FIELDS: list[tuple[str, Callable[[RunRow], object]]] = [
     ("n_recomputes", lambda r: r.n_recomputes),
     ("grads_match", lambda r: _yes_no(r.grads_match)),
     ("note", lambda r: r.note),
+    ("wrong", lambda r: r.wrong),
     ("alone_with_total_memory", lambda r: "yes" if r.alone else ""),
     ("grads_max_rel_diff", lambda r: r.grads_max_rel_diff),
 ]

@@ -48,8 +48,9 @@ VOLATILE_KEYS: tuple[str, ...] = (
 )
 """Dotted keys (a key drops its whole subtree) that never change what a run computes."""
 
-BAD_STATUSES = frozenset({"error", "killed"})
-"""``xe.status`` values of runs that must be redone even when MLflow says FINISHED."""
+BAD_STATUSES = frozenset({"error", "killed", "wrong"})
+"""``xe.status`` values of runs that must be redone even when MLflow says FINISHED (``wrong``:
+an executed schedule gave a wrong answer, see ``xengine.result.run_status``)."""
 
 
 # ------------------------------------------------------------------------------ fingerprint
@@ -156,7 +157,7 @@ def _quote(value: str) -> str:
 # ------------------------------------------------------------------------------ resuming
 def find_finished_run(client: Any, experiment: str, fingerprint: str) -> str | None:
     """The newest run of ``experiment`` (name or id) that FINISHED with tag
-    ``xe.fingerprint == fingerprint`` and whose ``xe.status`` is not ``error``/``killed``.
+    ``xe.fingerprint == fingerprint`` and whose ``xe.status`` is not in :data:`BAD_STATUSES`.
 
     :return: its run id, or None (also when the experiment does not exist yet).
     """

@@ -1,0 +1,90 @@
+"""Honest verdicts (docs/design.md section 10): a run whose executed schedule gives a wrong
+answer is never recorded ``ok``. Each case is made to happen for real on the tiny net: a
+program deliberately corrupted (one op computes something else than the model's), and a budget
+deliberately undercut (the simulator is handed a graph whose values are half their real size,
+so a schedule it finds within the budget measures over it). The reference step and the
+comparison of gradients are the real ones."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from tests.helpers import Recorder
+from xengine.config import RunConfig
+from xengine.pipeline import run_pipeline
+from xengine.prepare import prepare
+from xengine.records.report import format_table, table_csv
+from xengine.result import run_status, wrong_lines
+from xengine.simulate import keep_all_peak_bytes
+
+
+def _cfg(tmp_path, mem: str = "100%", batch_size: int = 2, image_size: int = 32) -> RunConfig:
+    return RunConfig(
+        net="tiny",
+        batch_size=batch_size,
+        image_size=image_size,
+        num_classes=10,
+        mem=(mem,),
+        strategies=("checkpoint_all",),
+        n_steps=1,
+        warmup=0,
+        profile_repeats=1,
+        profile_warmup=0,
+        profile_cache_dir=str(tmp_path / "profiles"),
+        progress=False,
+    )
+
+
+def _corrupt_add(prep):
+    """The executor's ``add`` op computes 1.5 (a + b); the plain step runs the model itself."""
+    ops = list(prep.captured.ops)
+    k = next(i for i, op in enumerate(ops) if op.name == "add")
+    ops[k] = dataclasses.replace(ops[k], target=lambda a, b: torch.add(a, b) * 1.5)
+    captured = dataclasses.replace(prep.captured, ops=tuple(ops))
+    return dataclasses.replace(prep, captured=captured)
+
+
+def test_wrong_gradients_make_the_run_wrong(tmp_path):
+    cfg = _cfg(tmp_path)
+    rec = Recorder()
+    rows = run_pipeline(cfg, rec, _corrupt_add(prepare(cfg)))
+    row = {r.label: r for r in rows}["checkpoint_all"]
+    assert row.grads_match is False
+    assert row.wrong.startswith("loss or gradients differ from plain PyTorch's"), row.wrong
+    assert rec.tags_["xe.wrong.checkpoint_all"] == row.wrong
+    assert run_status(rows) == "wrong"
+    table = format_table(rows, footer=wrong_lines(rows))
+    assert "WRONG (run status: wrong):" in table and "  checkpoint_all: loss or" in table
+    assert "loss or gradients differ" in table_csv(rows)
+
+
+def test_right_answers_make_the_run_ok(tmp_path):
+    cfg = _cfg(tmp_path)
+    rows = run_pipeline(cfg, Recorder(), prepare(cfg))
+    assert all(not r.wrong for r in rows) and run_status(rows) == "ok"
+    assert wrong_lines(rows) == []
+
+
+def _halve_values(graph):
+    nodes = [dataclasses.replace(v, output_bytes=v.output_bytes // 2) for v in graph.nodes]
+    return dataclasses.replace(graph, nodes=tuple(nodes))
+
+
+def test_a_measured_peak_over_the_budget_makes_the_run_wrong(tmp_path):
+    size = {"batch_size": 16, "image_size": 64}  # keep-everything 16 MiB, 11 MiB at half size
+    real = prepare(_cfg(tmp_path, **size))
+    half = _halve_values(real.graph)  # what the simulator and the executor's check are told
+    budget = int(1.25 * keep_all_peak_bytes(half))  # fits the half-size graph (with the
+    # profile's workspaces, measured later, not those of the capture), not reality
+    assert keep_all_peak_bytes(real.graph) > budget + 2**21
+    cfg = _cfg(tmp_path, mem=f"{budget}B", **size)  # prepare() would refuse it on the real graph
+    captured = dataclasses.replace(real.captured, graph=half)
+    prep = dataclasses.replace(real, graph=half, captured=captured, budget_bytes=(budget,))
+    rows = run_pipeline(cfg, Recorder(), prep)
+    row = {r.label: r for r in rows}["checkpoint_all"]
+    assert row.status == "feasible" and row.predicted_peak_bytes[0] <= budget, row
+    assert row.measured_peak_bytes[0] > budget + max(2**20, 0.01 * budget), row
+    assert row.grads_match is True  # the answer's numbers are right; its memory is not
+    assert "exceeds the budget" in row.wrong and run_status(rows) == "wrong"
