@@ -5,11 +5,17 @@ frontier-advancing stages, binary R, S, FREE with the hazard-count linearisation
 memory recurrence U. The device index adds, per docs/design.md section 6:
 
 ``mode="exact"`` (default): linear and exact with respect to :mod:`xengine.simulate`.
-    * ``sum_d R[d,t,i] <= 1`` and ``R + S <= 1`` (never beneficial to break; they make the
-      presence ``Z = R + S`` linear without a helper variable);
+    * ``R + S <= 1`` per device (the simulator rejects recomputing a value where it is
+      resident), so the presence ``Z = R + S`` is linear without a helper variable;
+    * a node may run on several devices in one stage, as the simulator allows (computing a
+      cheap op with a large output on both devices can beat copying it to each reader); the
+      helper ``P[t,i] = OR_d R[d,t,i]`` ("i runs somewhere in stage t") carries the rows that
+      ask whether a node runs at all (frontier, dependencies, FREE), so that every schedule
+      the simulator accepts is a point of the model at its simulated time and peak;
     * a copy indicator ``X[d,t,(u,v)] = R[d,t,v] AND NOT Z[d,t,u]``, charged once at the
-      cheapest holder's copy cost (helper ``Y`` for D >= 3) and counted as transient memory on
-      the receiving device while ``v`` runs;
+      cheapest holder's copy cost (for D >= 3 a source ``Y`` that is exactly the holder the
+      simulator picks) and counted as transient memory on the receiving device while ``v``
+      runs;
     * FREE per device: ``u`` leaves device ``d`` after its last reader in the stage on *any*
       device, unless ``d`` keeps it for the next stage (the simulator's rule).
 ``mode="paper"``: the published MIQP, its copy term ``c * R[d',t,v] * Z[d,t,u]`` charged for
@@ -91,6 +97,7 @@ class Formulation:
     build_time_s: float
     edges: tuple = ()  # value edges, then state edges: the E axis of Fix and Xix
     Aix: np.ndarray | None = None  # (D, T, n) state residency by forward node, or -1
+    Pix: np.ndarray | None = None  # (T, n) "runs on some device" (exact mode, D >= 2), or -1
 
     # ------------------------------------------------------------------ reading a solution
     def schedule_from(self, x: np.ndarray) -> Schedule:
@@ -151,6 +158,8 @@ class Formulation:
         pairs = [(self.Rix, R), (self.Six, S)]
         if self.Aix is not None:
             pairs.append((self.Aix, A))
+        if self.Pix is not None:
+            pairs.append((self.Pix, (R.sum(axis=0) > 0.5).astype(float)))
         for ix, val in pairs:
             mask = ix >= 0
             x[ix[mask]] = val[mask]
@@ -302,6 +311,7 @@ class Draft:
     Aix: np.ndarray | None = None  # states' residency (graphs with states)
     SXix: np.ndarray | None = None  # (D, T, n_tensors) residency of every tensor: S, then SA
     Zix: np.ndarray | None = None  # presence, paper mode with D >= 2
+    Pix: np.ndarray | None = None  # (T, n) runs on some device: exact mode with D >= 2
     Xix: np.ndarray | None = None
     Yix: np.ndarray | None = None  # (D, D, T, E) copy source, exact mode with D >= 3
     Fix: np.ndarray | None = None
@@ -422,17 +432,36 @@ def add_variables(dr: Draft) -> None:
         dr.SXix = np.concatenate([dr.Six, dr.Aix[:, :, dr.tz.state_nodes]], axis=2)
     if dr.mode == "paper" and dr.multi:
         dr.Zix = dr.alloc(dr.r_cells, 0, 1, True)
+    if dr.mode == "exact" and dr.multi:
+        # continuous with the tight FREE rows (implied integer: it is an OR of binaries),
+        # binary with the hazard rows, which CP-SAT takes only over integer columns
+        dr.Pix = np.full(dr.r_cells.shape, -1, dtype=np.int64)
+        dr.Pix[dr.r_cells] = dr.b.add_vars(int(dr.r_cells.sum()), 0, 1, not dr.tight)
+
+
+def runs_somewhere(dr: Draft) -> list[np.ndarray]:
+    """The columns whose sum says "node runs on some device in this stage", indexed like
+    ``Rix[0]``: the helper P in exact mode with several devices, R itself with one device,
+    R of each device in paper mode (where at most one device runs a node in a stage)."""
+    if dr.Pix is not None:
+        return [dr.Pix]
+    return [dr.Rix[d] for d in range(dr.D)]
 
 
 def add_frontier_rows(dr: Draft) -> None:
-    """``sum_d R[d,t,t] = 1``: Checkmate's frontier-advancing stages (eq. 8, R[t,t] = 1) with
-    XEngine's device index (constraint 2).
+    """Node t runs in stage t: Checkmate's frontier-advancing stages (eq. 8, R[t,t] = 1) with
+    XEngine's device index (constraint 2, ``sum_d R[d,t,t] = 1``).
 
     Stage t exists to compute node t, so every schedule runs each node at least once and in
-    order, which is what makes one stage per node enough. One device, not at least one: a
-    second copy of the frontier in the same stage only costs time.
+    order, which is what makes one stage per node enough. The paper says one device; the
+    exact model says at least one (``P[t,t] = 1`` by its bounds, with ``P <= sum_d R``), as
+    the simulator does: a second computation of the frontier on another device can save a
+    copy to each of its readers there.
     """
     T = dr.T
+    if dr.Pix is not None:
+        dr.b.fix(dr.Pix[np.arange(T), np.arange(T)], 1.0)
+        return
     dr.b.add_rows(
         "frontier",
         T,
@@ -464,34 +493,56 @@ def fix_by_bounds(dr: Draft) -> None:
 
 def add_presence_rows(dr: Draft) -> None:
     """What "present on device d in stage t" means: ``R + S`` in exact mode
-    (:func:`_exclusive_rows`), the helper Z in paper mode (:func:`_or_rows`). One device in
-    paper mode needs neither: Checkmate reads R and S directly."""
+    (:func:`_exclusive_rows`), with "runs somewhere" as the OR helper P
+    (:func:`_runs_somewhere_rows`); the helper Z in paper mode (:func:`_or_rows`). One device
+    in paper mode needs neither: Checkmate reads R and S directly."""
     if dr.mode == "exact":
         _exclusive_rows(dr)
+        _runs_somewhere_rows(dr)
     elif dr.multi:
         _or_rows(dr)
 
 
-def _exclusive_rows(dr: Draft) -> None:
-    """``sum_d R[d,t,i] <= 1`` and ``R[d,t,i] + S[d,t,i] <= 1`` below the frontier (ours, not
-    in either paper).
+def _runs_somewhere_rows(dr: Draft) -> None:
+    """``P[t,i] = OR_d R[d,t,i]`` as ``P >= R[d,t,i]`` for each d and ``P <= sum_d R[d,t,i]``
+    (ours): at integer R, P is 0 or 1 exactly as the node runs nowhere or somewhere, however
+    many devices run it."""
+    if dr.Pix is None:
+        return
+    tt, ii = np.nonzero(dr.r_cells)
+    k = tt.size
+    rows = np.arange(k)
+    for d in range(dr.D):
+        dr.b.add_rows(
+            "runs_ge",
+            k,
+            np.concatenate([rows, rows]),
+            np.concatenate([dr.Pix[tt, ii], dr.Rix[d, tt, ii]]),
+            np.concatenate([np.ones(k), -np.ones(k)]),
+            0.0,
+            np.inf,
+        )
+    dr.b.add_rows(
+        "runs_le",
+        k,
+        np.concatenate([rows] * (1 + dr.D)),
+        np.concatenate([dr.Pix[tt, ii]] + [dr.Rix[d, tt, ii] for d in range(dr.D)]),
+        np.concatenate([np.ones(k)] + [-np.ones(k)] * dr.D),
+        -np.inf,
+        0.0,
+    )
 
-    Neither ever costs an optimum (a second computation of a node in one stage, or of a node
-    already resident, buys nothing), and together they keep the presence ``R + S`` binary, so
-    the copy indicator and the FREE rows can use it without a helper variable or a product.
+
+def _exclusive_rows(dr: Draft) -> None:
+    """``R[d,t,i] + S[d,t,i] <= 1`` below the frontier, per device (ours, not in either paper).
+
+    It is the simulator's rule (a value resident on a device is not computed there again),
+    and it keeps the presence ``R + S`` binary, so the copy indicator and the FREE rows can
+    use it without a helper variable or a product. Several devices may compute one node in
+    one stage: no row forbids it (docs/design.md section 6 says why none may).
     """
     lt_t, lt_i = np.nonzero(dr.s_cells)
     k = lt_t.size
-    if dr.multi:
-        dr.b.add_rows(
-            "one_device",
-            k,
-            np.repeat(np.arange(k), dr.D),
-            dr.Rix[:, lt_t, lt_i].T.ravel(),
-            1.0,
-            -np.inf,
-            1.0,
-        )
     rows = np.arange(k)
     for d in range(dr.D):
         dr.b.add_rows(
@@ -605,21 +656,16 @@ def add_dependency_rows(dr: Draft) -> None:
 
 
 def _any_device_rows_exact(dr: Draft, sel_t: np.ndarray, sel_e: np.ndarray) -> None:
-    """``sum_d R[d,t,v] <= sum_d (R[d,t,u] + S[d,t,u])``: one row per read rather than
-    XEngine's one per consumer device, which is the same set of schedules here because at
-    most one device computes ``v`` in a stage (:func:`_exclusive_rows`), and D times fewer
-    rows."""
+    """``P[t,v] <= sum_d (R[d,t,u] + S[d,t,u])``: v runs somewhere only if u is somewhere.
+    One row per read rather than XEngine's one per consumer device: ``R[d,t,v] <= P[t,v]``
+    for every d, so it is the same set of schedules with D times fewer rows."""
     k = sel_t.size
     rows = np.arange(k)
-    r_parts, c_parts, v_parts = [], [], []
+    r_parts, c_parts, v_parts = [rows], [dr.Pix[sel_t, dr.dst[sel_e]]], [np.ones(k)]
     for d in range(dr.D):
-        r_parts += [rows, rows, rows]
-        c_parts += [
-            dr.Rix[d, sel_t, dr.dst[sel_e]],
-            dr.Rix[d, sel_t, dr.src[sel_e]],
-            dr.Six[d, sel_t, dr.src[sel_e]],
-        ]
-        v_parts += [np.ones(k), -np.ones(k), -np.ones(k)]
+        r_parts += [rows, rows]
+        c_parts += [dr.Rix[d, sel_t, dr.src[sel_e]], dr.Six[d, sel_t, dr.src[sel_e]]]
+        v_parts += [-np.ones(k), -np.ones(k)]
     dr.b.add_rows(
         "dependency",
         k,
@@ -746,8 +792,11 @@ def _charge_copies(dr: Draft, sel_t: np.ndarray, sel_e: np.ndarray) -> None:
     simulator's choice, XEngine's objective read src -> dst).
 
     With two devices the source is the other one, so X carries its cost directly. With more,
-    a source variable ``Y[a,d,t,e] <= Z[a,t,u]`` per other device, ``X <= sum_a Y`` and the
-    cost on Y: the minimum then picks the cheapest holder without a product.
+    a source variable ``Y[a,d,t,e] <= Z[a,t,u]`` per other device, ``sum_a Y = X`` (one source
+    per copy, none without one) and ``Y[a] + Z[b] <= 1`` wherever b is the simulator's
+    preferred source over a (cheaper, or as cheap and first in the mix): at every integer
+    point, incumbents included, Y is the simulator's source, so the objective is the
+    simulator's copy time (:func:`_cheapest_source_rows`).
     """
     k = sel_t.size
     rows = np.arange(k)
@@ -782,8 +831,38 @@ def _charge_copies(dr: Draft, sel_t: np.ndarray, sel_e: np.ndarray) -> None:
             ),
             np.concatenate([-np.ones(k)] + [np.ones(k)] * len(others)),
             0.0,
-            np.inf,
+            0.0,
         )
+        _cheapest_source_rows(dr, d, others, sel_t, sel_e)
+
+
+def _cheapest_source_rows(
+    dr: Draft, d: int, others: list[int], sel_t: np.ndarray, sel_e: np.ndarray
+) -> None:
+    """``Y[a,d,t,e] + R[b,t,u] + S[b,t,u] <= 1`` for each source a and each device b that the
+    simulator prefers to a for copying u into d (``min`` over ``(copy time, device)``): a
+    copy never comes from a holder while a preferred one holds the value."""
+    src = dr.src[sel_e]
+    for a in others:
+        for b in others:
+            if a == b:
+                continue
+            cost_a, cost_b = dr.copy_tu[a, d, src], dr.copy_tu[b, d, src]
+            sel = np.flatnonzero((cost_b < cost_a) | ((cost_b == cost_a) & (b < a)))
+            k = sel.size
+            if not k:
+                continue
+            rows = np.arange(k)
+            t_, e_, u_ = sel_t[sel], sel_e[sel], src[sel]
+            dr.b.add_rows(
+                "copy_cheapest",
+                k,
+                np.concatenate([rows] * 3),
+                np.concatenate([dr.Yix[a, d, t_, e_], dr.Rix[b, t_, u_], dr.Six[b, t_, u_]]),
+                1.0,
+                -np.inf,
+                1.0,
+            )
 
 
 def _copy_products(dr: Draft, sel_t: np.ndarray, sel_e: np.ndarray) -> None:
@@ -876,9 +955,11 @@ def _free_conditions(
     te_t, te_e, tau = dr.te_t, dr.te_e, dr.tz.tau
     Rix, SX = dr.Rix, dr.SXix
     row = np.arange(te_t.size)
-    devs = range(dr.D) if dr.mode == "exact" else [d]
+    # "runs" in exact mode: on any device, through P (one column however many devices run
+    # it, so the conditions stay 0/1); in paper mode: on d itself
+    runs = runs_somewhere(dr) if dr.mode == "exact" else [Rix[d]]
     conds: list[tuple[str, np.ndarray, list[np.ndarray]]] = [
-        ("pos", row, [Rix[a, te_t, dr.dst[te_e]] for a in devs])
+        ("pos", row, [r[te_t, dr.dst[te_e]] for r in runs])
     ]
     has_next = np.flatnonzero(te_t + 1 < dr.T)
     conds.append(("neg", has_next, [SX[d, te_t[has_next] + 1, tau[te_e[has_next]]]]))
@@ -886,7 +967,7 @@ def _free_conditions(
         for j in dr.tz.later[e]:
             sel = by_edge[e] if every_later_reader else by_edge[e][te_t[by_edge[e]] >= j]
             if sel.size:
-                conds.append(("neg", sel, [Rix[a, te_t[sel], j] for a in devs]))
+                conds.append(("neg", sel, [r[te_t[sel], j] for r in runs]))
     if dr.multi and dr.mode == "exact":
         conds.append(("pos", row, [Rix[d, te_t, dr.src[te_e]], SX[d, te_t, tau[te_e]]]))
     elif dr.multi:
@@ -1104,6 +1185,7 @@ def finish(dr: Draft) -> Formulation:
         build_time_s=time.perf_counter() - dr.started_s,
         edges=dr.edges,
         Aix=dr.Aix,
+        Pix=dr.Pix,
     )
     f._Yix = dr.Yix
     blocked = dr.blocked_nodes
