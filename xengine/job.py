@@ -9,6 +9,9 @@ below it takes plain dataclasses. The rules it keeps (docs/design.md section 9):
   feasible one, a malformed graph file, a device named twice, a CUDA device on a machine
   without one, a profile of another net) ends with one ``error:`` line on stderr and exit 2;
   in a sweep (``-m``) the point is recorded as skipped and the sweep goes on;
+* a failure of ours on fine input (:class:`~xengine.graph.types.InternalError`) is one
+  ``internal error`` line naming the log file with the traceback, exit 3, the run FAILED;
+* a run that executed a schedule with a wrong answer is ``xe.status=wrong``, exit 4;
 * a sweep resumes: a point whose config already has a finished run is not run again;
 * stdout carries the result table only; logs go to stderr and the run's folder;
 * an interrupt is one line, exit 128 + the signal, the MLflow run marked KILLED.
@@ -35,7 +38,7 @@ from xengine.commandline import (
     strategies_of,
 )
 from xengine.config import ConfigError, RunConfig
-from xengine.graph.types import GraphError
+from xengine.graph.types import GraphError, InternalError
 from xengine.pipeline import run_pipeline
 from xengine.prepare import Prepared, prepare
 from xengine.protocol import summarize
@@ -45,6 +48,7 @@ from xengine.solvers import SolverUnavailable
 from xengine.units import MemorySpecError, format_bytes
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERNAL = 3  # xengine's own code failed on fine input (xengine.graph.types.InternalError)
 EXIT_WRONG = 4  # a single run that executed a schedule with a wrong answer (xe.status=wrong)
 BAD_INPUT = (ConfigError, GraphError, MemorySpecError, SolverUnavailable)
 _REPO = Path(__file__).resolve().parents[1]  # the checkout, for the git commit tag
@@ -75,6 +79,13 @@ def run_job(cfg: DictConfig) -> None:
         with _tracker(cfg, console, fingerprint) as tracker:
             _start(tracker, cfg)
             tracker.tags({"xe.status": "skipped", "xe.error": str(exc)})
+        return
+    except InternalError as exc:  # ours: recorded FAILED, the traceback in the log file
+        log.info("internal error traceback", exc_info=True)  # the log file, not the console
+        _record_failure(cfg, console, fingerprint, exc)
+        if not multirun:
+            internal_failure(exc)
+        log.error("failed: internal error: %s", exc)
         return
     except Exception as exc:  # unexpected: a sweep records the point as FAILED and goes on
         if not multirun:
@@ -163,6 +174,19 @@ def fail(message: str) -> None:
     """Bad input: one ``error:`` line on stderr, exit 2."""
     sys.stderr.write(f"error: {message}\n")
     sys.exit(EXIT_BAD_INPUT)
+
+
+def internal_failure(exc: InternalError) -> None:
+    """A failure of xengine's own code on fine input: one ``internal error:`` line that says
+    so and where the traceback is, exit 3 (not 2: the user's input is not at fault)."""
+    logs = [
+        h.baseFilename for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)
+    ]
+    where = f"; the traceback is in {logs[0]}" if logs else ""
+    sys.stderr.write(
+        f"internal error (a bug in xengine, not in your input): {exc}{where}; please report it\n"
+    )
+    sys.exit(EXIT_INTERNAL)
 
 
 def _highs_banner_to_stderr() -> None:
@@ -298,10 +322,13 @@ def _job_files(tracker: Tracker) -> None:
 
 
 def _title(run_cfg: RunConfig, prepared: Prepared) -> str:
+    keep_all = prepared.keep_all_by_device_bytes or (None,) * len(run_cfg.devices)
     budgets = ", ".join(
-        f"{d} {m.text} = {format_bytes(b)}"
-        for d, m, b in zip(
-            run_cfg.devices, run_cfg.memory_specs(), prepared.budget_bytes, strict=True
+        f"{d} {m.text}"
+        + (f" of {format_bytes(k)}" if m.bytes is None and k is not None else "")
+        + f" = {format_bytes(b)}"
+        for d, m, k, b in zip(
+            run_cfg.devices, run_cfg.memory_specs(), keep_all, prepared.budget_bytes, strict=True
         )
     )
     if len(run_cfg.devices) > 1:

@@ -40,6 +40,7 @@ from xengine.records.record import (
 from xengine.result import MIB, RunRow, StrategyResult, row_of
 from xengine.schedule import Schedule
 from xengine.strategies.registry import STRATEGIES, run_strategy
+from xengine.units import format_bytes
 
 log = logging.getLogger(__name__)
 
@@ -65,13 +66,12 @@ def run_pipeline(
     for job in plan(inst, cfg.run_strategies):
         warm = None
         if job.name == "xengine":
-            warm = _warm_start(inst, alone, cfg, tracker, prep.min_budget_bytes)
+            warm = _warm_start(inst, alone, cfg, tracker)
         res = run_strategy(
             job.name,
             job.inst,
             cfg.settings,
             warm_start=warm,
-            min_budget_bytes=prep.min_budget_bytes,
             label=job.label,
             status_line=cfg.progress,
         )
@@ -108,6 +108,14 @@ def _instance(cfg: RunConfig, prep: Prepared, tracker: Tracker) -> Instance:
         if profile is None:
             profile, profile_file, graph = measure_profile(cfg, prep)
         record_profile(profile, str(profile_file), tracker)
+        prep.graph = graph
+        prep.resolve_budgets(cfg)  # each device's percentage of its own measured peak
+    for d, k, b in zip(cfg.devices, prep.keep_all_by_device_bytes, prep.budget_bytes, strict=True):
+        log.info("%s: keep-everything peak %s, budget %s", d, format_bytes(k), format_bytes(b))
+        if len(cfg.devices) > 1:
+            tracker.metrics(
+                {f"graph/keep_all_peak_mib.{d}": k / MIB, f"graph/budget_mib.{d}": b / MIB}
+            )
     inst = Instance(graph, cfg.devices, prep.budget_bytes)
     record_graph(tracker, inst)
     return inst
@@ -125,14 +133,12 @@ def _references(cfg: RunConfig, prep: Prepared, tracker: Tracker) -> list[RunRow
 
 
 def _warm_start(
-    inst: Instance, alone: list[StrategyResult], cfg: RunConfig, tracker: Tracker, min_budget: int
+    inst: Instance, alone: list[StrategyResult], cfg: RunConfig, tracker: Tracker
 ) -> Schedule | None:
     """XEngine's start by the rule of :func:`xengine.protocol.warm_start`, timed and tagged
     (``xengine/warm_start_time_s``, ``xe.warm_start``)."""
     t0 = time.perf_counter()
-    start = warm_start(
-        inst, alone, cfg.solver, cfg.solver_options, cfg.formulation, min_budget_bytes=min_budget
-    )
+    start = warm_start(inst, alone, cfg.solver, cfg.solver_options, cfg.formulation)
     tracker.metrics({"xengine/warm_start_time_s": time.perf_counter() - t0})
     if start is None:
         log.info("xengine: no schedule found that fits the per-device budgets; cold start")

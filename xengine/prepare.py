@@ -36,6 +36,20 @@ class Prepared:
     captured: Any = None  # xengine.graph.capture.CapturedModel
     start_state: StartState | None = None
     profile: Any = None  # xengine.profile.profiler.Profile loaded from profile.path
+    # per device of the mix: its keep-everything peak with its own workspaces, the "100 %" of a
+    # percentage budget on it (re-resolved once the profile's workspaces are known)
+    keep_all_by_device_bytes: tuple[int, ...] = ()
+
+    def resolve_budgets(self, cfg: RunConfig) -> None:
+        """Budgets from ``cfg``'s memory sizes on today's graph (in place): a percentage is of
+        *that device's* keep-everything peak (docs/design.md section 9), which the graph's
+        per-device workspaces decide, so this runs again after profiling."""
+        devices = cfg.devices
+        self.keep_all_by_device_bytes = tuple(keep_all_peak_bytes(self.graph, d) for d in devices)
+        self.budget_bytes = tuple(
+            s.resolve_bytes(k)
+            for s, k in zip(cfg.memory_specs(), self.keep_all_by_device_bytes, strict=True)
+        )
 
 
 class StartState:
@@ -115,7 +129,8 @@ def prepare(cfg: RunConfig) -> Prepared:
 
     view = _bytes_view(graph)
     keep_all = keep_all_peak_bytes(view)
-    budgets = tuple(s.resolve_bytes(keep_all) for s in specs)
+    by_device = tuple(keep_all_peak_bytes(view, d) for d in cfg.devices)
+    budgets = tuple(s.resolve_bytes(k) for s, k in zip(specs, by_device, strict=True))
     lower, known = _min_feasible_budget(view)
     # several devices: the single-device baselines get the total, so the run makes sense as
     # long as the total fits (XEngine itself is then reported infeasible if no device fits)
@@ -140,7 +155,9 @@ def prepare(cfg: RunConfig) -> Prepared:
         _budget_text(specs, budgets),
     )
     start = StartState(captured.module) if captured is not None else None
-    return Prepared(graph, budgets, keep_all, int(lower), known, captured, start, profile)
+    return Prepared(
+        graph, budgets, keep_all, int(lower), known, captured, start, profile, by_device
+    )
 
 
 def _budget_text(specs: tuple[MemorySpec, ...], budgets: tuple[int, ...]) -> str:

@@ -13,6 +13,7 @@ import numpy as np
 
 from xengine.graph.types import Graph, GraphError
 from xengine.limits import schedule_size_problem
+from xengine.units import format_bytes
 
 UNLIMITED_BYTES = np.iinfo(np.int64).max // 4
 
@@ -82,6 +83,41 @@ class Instance:
 
     def with_budgets(self, budget_bytes: tuple[int, ...]) -> Instance:
         return Instance(self.graph, self.devices, tuple(int(b) for b in budget_bytes))
+
+    def smallest_budgets_bytes(self) -> np.ndarray:
+        """Per device, the largest footprint of any op there (its inputs, output, state and
+        workspace on that device, which must be on it at once): no schedule on that device
+        alone fits a smaller budget (docs/design.md section 10)."""
+        return np.array(
+            [int(self.graph.node_lower_bound_bytes(d).max()) for d in self.devices],
+            dtype=np.int64,
+        )
+
+    def unfit_message(self) -> str | None:
+        """Why no schedule of this instance can exist, known without a solve, or None.
+
+        Infeasible only when some op's footprint, measured on each device, exceeds every
+        device's budget: with several devices an op that fits one device can run there (a
+        device that can run nothing still holds copies nobody needs). The message names, per
+        device, the smallest budget that device alone would need."""
+        foot = np.stack([self.graph.node_lower_bound_bytes(d) for d in self.devices])
+        nowhere = np.flatnonzero((foot > self.budgets[:, None]).all(axis=0))
+        if not nowhere.size:
+            return None
+        v = int(nowhere[np.argmax(foot[:, nowhere].min(axis=0))])
+        need = ", ".join(
+            f"{d} {format_bytes(int(foot[k, v]))} ({int(foot[k, v])} bytes)"
+            for k, d in enumerate(self.devices)
+        )
+        smallest = ", ".join(
+            f"{d} {format_bytes(int(b))}"
+            for d, b in zip(self.devices, self.smallest_budgets_bytes(), strict=True)
+        )
+        budgets = ", ".join(format_bytes(int(b)) for b in self.budget_bytes)
+        return (
+            f"budget {budgets} fits op {self.graph.nodes[v].name} on no device (it needs {need}); "
+            f"the smallest budget on each device alone: {smallest}"
+        )
 
     def only_device(self, d: int, budget_bytes: int) -> Instance:
         """The same graph on device ``d`` alone (the paper's single-device baseline)."""

@@ -78,7 +78,6 @@ def warm_start(
     solver: str = "highs",
     options: SolverOptions | None = None,
     formulation: str = "exact",
-    min_budget_bytes: int = 0,
 ) -> tuple[str, Schedule, float] | None:
     """XEngine's start on ``inst``: ``(what, schedule, predicted time)`` of the fastest valid
     schedule within the per-device budgets, found among
@@ -94,7 +93,7 @@ def warm_start(
     3. only when none of those fits: Checkmate and the heuristics on each device alone with
        that device's own budget (docs/design.md section 6: each is a feasible point of
        XEngine's model), Checkmate with a quarter of the time limit and a 5 % gap: a start
-       needs a good schedule, not a proof. Devices whose budget is below ``min_budget_bytes``
+       needs a good schedule, not a proof. Devices whose budget holds not every op alone
        are skipped.
 
     ``None`` when nothing fits (the solver then starts cold).
@@ -113,7 +112,7 @@ def warm_start(
     for res in alone:
         if res.fits:
             add(_what(res, "total"), res.schedule.on_devices(inst.devices))
-    own = _own_budget_instances(inst, min_budget_bytes)
+    own = _own_budget_instances(inst)
     greedy = load("recompute_greedy")
     for sub in own:
         res = greedy(sub)
@@ -135,15 +134,16 @@ def warm_start(
     return what, sched, t
 
 
-def _own_budget_instances(inst: Instance, min_budget_bytes: int) -> list[Instance]:
-    """With several devices, each device alone with its own budget, skipping those below
-    ``min_budget_bytes`` (no schedule fits them alone); none with one device."""
+def _own_budget_instances(inst: Instance) -> list[Instance]:
+    """With several devices, each device alone with its own budget, skipping those where some
+    op does not fit (no schedule fits them alone); none with one device."""
     if inst.n_devices < 2:
         return []
+    smallest = inst.smallest_budgets_bytes()
     return [
         inst.only_device(d, inst.budget_bytes[d])
         for d in range(inst.n_devices)
-        if inst.budget_bytes[d] >= min_budget_bytes
+        if inst.budget_bytes[d] >= smallest[d]
     ]
 
 

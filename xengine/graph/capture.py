@@ -44,7 +44,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from xengine.graph.types import Edge, Graph, GraphError, Node
+from xengine.graph.types import Edge, Graph, GraphError, InternalError, Node
 from xengine.torch_state import TorchState
 
 log = logging.getLogger(__name__)
@@ -672,14 +672,30 @@ def _run_once(
         ):
             y = run(leaves, x)
     except Exception as exc:
-        raise GraphError(
-            f"{name}: op {node.name!r} ({_target_name(node)}) failed on the example batch: {exc}"
-        ) from exc
+        raise _op_failure(gm, node, x, name, exc) from exc
     stochastic = rng0.rng_moved()
     mutates = bool(
         module_path and [b._version for b in gm.get_submodule(module_path).buffers()] != versions0
     )
     return y, saved, stochastic, mutates
+
+
+def _op_failure(
+    gm: fx.GraphModule, node: fx.Node, x: torch.Tensor, name: str, exc: Exception
+) -> Exception:
+    """Whose failure an op's is: the user's when the model itself fails on the example batch
+    (a :class:`GraphError`, one line), ours when the model runs and only our replay of the op
+    fails (an :class:`InternalError`)."""
+    what = f"op {node.name!r} ({_target_name(node)})"
+    try:
+        with torch.no_grad():
+            gm(x)
+    except Exception as model_exc:
+        return GraphError(f"{name}: the model fails on the example batch at {what}: {model_exc}")
+    return InternalError(
+        f"{name}: capturing {what} failed although the model runs on the example batch: "
+        f"{type(exc).__name__}: {exc}"
+    )
 
 
 def _describe_output(

@@ -39,6 +39,11 @@ class GraphError(ValueError):
     """A graph (made in code or read from a file) is malformed."""
 
 
+class InternalError(RuntimeError):
+    """xengine's own code failed on input that is fine (a bug of ours, not the user's
+    mistake): reported as such, with its traceback in the run's log, never as bad input."""
+
+
 @dataclass(frozen=True)
 class Node:
     """One operator.

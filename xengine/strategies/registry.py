@@ -137,27 +137,21 @@ def run_strategy(
     inst: Instance,
     settings: SolveSettings,
     warm_start: Schedule | None = None,
-    min_budget_bytes: int = 0,
     label: str | None = None,
     status_line: bool = False,
 ) -> StrategyResult:
     """Run one strategy and replay its schedule in the simulator.
 
-    Any failure becomes a result with status ``error`` and a message (a run goes on); a budget
-    below ``min_budget_bytes`` is ``infeasible`` without a solve; a schedule the simulator
+    Any failure becomes a result with status ``error`` and a message (a run goes on); an
+    instance with an op that fits no device's budget (:meth:`Instance.unfit_message`) is
+    ``infeasible`` without a solve; a schedule the simulator
     finds over budget is ``over_budget`` whatever the solver said (:func:`overrule_by_simulator`).
     ``status_line`` shows the live status line of :class:`~xengine.progress.StatusLine`.
     """
     label = label or name
-    if max(inst.budget_bytes) < min_budget_bytes:
-        return StrategyResult(
-            name,
-            inst.devices,
-            inst.budget_bytes,
-            "infeasible",
-            message=f"budget {format_bytes(max(inst.budget_bytes))} is below the smallest "
-            f"feasible budget {format_bytes(min_budget_bytes)}",
-        )
+    unfit = inst.unfit_message()
+    if unfit is not None:
+        return StrategyResult(name, inst.devices, inst.budget_bytes, "infeasible", message=unfit)
     target, kwargs = strategy_kwargs(name, settings, warm_start)
     if name == "checkmate":
         kwargs.update(progress=_progress(label))
