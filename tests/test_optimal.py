@@ -232,3 +232,35 @@ def test_computing_a_node_on_both_devices_beats_copying_it():
     assert sim.time_s == pytest.approx(0.1 + 0.02 + 0.1 + 0.1 + 1e-4)
     # without the duplicate the best is a copy of y (1 s) or running p or q on the slow device
     assert sim.time_s < 0.1 + 0.01 + 0.1 + 0.1 + 1.0
+
+
+@pytest.mark.parametrize("D", [1, 2])
+def test_a_captured_graphs_schedules_are_model_points_with_the_losss_release(D):
+    """The same on a captured net, whose loss lets go of the logits only where the schedule
+    allows (``Graph.released_logits``): the model charges the logits' bytes exactly where the
+    simulator does, including schedules that keep the logits past the loss."""
+    from tests.helpers import copy_models
+    from xengine.profile.workspace import capture_net
+
+    g0 = capture_net("tiny", 2, image_size=32, num_classes=500).graph
+    devs = DEVICES[D]
+    r = np.random.default_rng(D)
+    g = g0.with_costs(
+        {d: {v.name: float(r.uniform(0.5, 2.0)) for v in g0.nodes} for d in devs},
+        copy_models(devs, 0.3, bandwidth=1e9),
+    )
+    assert g.released_logits is not None
+    inst = _instance(g, devs)
+    form = build(inst, "exact", free_rows="tight")
+    rng = np.random.default_rng(7)
+    kept = 0
+    for _ in range(150):
+        sched, sim = _simulate(inst, random_schedule(g, D, rng, p_keep=0.6))
+        if sim is None:
+            continue
+        x = form.assignment(sched)
+        assert form.model.max_violation(x) <= 1e-6
+        assert form.objective_s(x) == pytest.approx(sim.time_s, rel=1e-9)
+        np.testing.assert_allclose(form.peak_bytes(x), sim.peak_bytes, rtol=1e-9, atol=1e-6)
+        kept += int(not all(sim.loss_releases))
+    assert kept >= 10  # schedules that keep the logits past the loss were among them

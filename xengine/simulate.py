@@ -67,6 +67,9 @@ class Simulation:
     steps: list[tuple[int, int]] = field(default_factory=list)  # (stage, node) per step
     ops: list[Op] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
+    # per computation of the loss, in op order: whether it lets go of the logits before its
+    # gradient (:meth:`_Replay.loss_extra`); the executor follows it
+    loss_releases: list[bool] = field(default_factory=list)
 
     @property
     def within_budget(self) -> bool:
@@ -134,6 +137,8 @@ class _Replay:
         self.steps: list[tuple[int, int]] = []
         self.violations: list[str] = []
         self.computed_once = np.zeros(self.n, dtype=bool)
+        self.logits = g.released_logits  # None: the loss has no release to model
+        self.loss_releases: list[bool] = []
 
     def stage(self, t: int) -> None:
         """Stage ``t``: start from its residents, run every node it computes in topological
@@ -187,7 +192,8 @@ class _Replay:
         step_mem = alive_bytes.copy()
         for d in np.flatnonzero(R[:, t, v]).tolist():
             transient = self.compute(t, v, d)
-            step_mem[d] = alive_bytes[d] + transient + int(self.w[d, v])
+            extra = self.loss_extra(t, v, d)
+            step_mem[d] = alive_bytes[d] + transient + int(self.w[d, v]) + extra
         # devices that did not run v hold what is alive on them (plus v on those that did)
         for d in range(D):
             if not R[d, t, v]:
@@ -208,6 +214,22 @@ class _Replay:
                     alive_st[d].discard(u)
                     alive_bytes[d] -= int(sb[u])
                     ops.append(Op("free_state", t, u, d))
+
+    def loss_extra(self, t: int, v: int, d: int) -> int:
+        """The bytes a computation of the loss needs beyond its measured workspace.
+
+        The executor's loss lets go of the logits before it makes their gradient, as a plain
+        step does (the workspace is measured so, docs/design.md section 8), when the logits
+        are not kept on ``d`` into stage t + 1 and no other device runs the loss in this stage
+        (it could be reading them from ``d``). Otherwise the logits stay while the gradient
+        is made: their bytes more (measured: the loss's workspace with the logits kept is
+        the released one plus the logits, cross-entropy on the decoder and the tiny net)."""
+        u = self.logits
+        if u is None or v != u + 1:
+            return 0
+        release = int(self.R[:, t, v].sum()) == 1 and u not in self.keep_next[d]
+        self.loss_releases.append(release)
+        return 0 if release else int(self.m[u])
 
     def compute(self, t: int, v: int, d: int) -> int:
         """Compute ``v`` on device ``d`` in stage ``t``: check that it is not there yet and
@@ -295,6 +317,7 @@ class _Replay:
             steps=self.steps,
             ops=self.ops,
             violations=self.violations,
+            loss_releases=self.loss_releases,
         )
 
 

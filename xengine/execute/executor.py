@@ -299,9 +299,10 @@ class _Runtime:
         # them keeps its first run's random state, the 5 KiB a replay needs (a plain step
         # keeps none, and keep-everything measures as one)
         self.replayed: set[int] | None = None
-        # whether the loss lets go of the logits before its backward, as a plain step does
-        # once log-softmax has run (:func:`loss_releases_logits`)
-        self.loss_releases = False
+        # per computation of the loss in a step, in op order: whether it lets go of the logits
+        # before its gradient, as a plain step does once log-softmax has run; the simulator
+        # decides (``Simulation.loss_releases``) and charges what it decides
+        self.loss_releases: tuple[bool, ...] = ()
         self.reset()
 
     # ---------------------------------------------------------------- step state
@@ -315,6 +316,7 @@ class _Runtime:
         self.first_fwd_device: dict[int, str] = {}
         self.loss_value: torch.Tensor | None = None
         self.released: set[tuple[int, str]] = set()  # (logits, device) the loss let go of
+        self.loss_calls = 0  # computations of the loss so far in this step
         self.watch: _Watch | None = None
         # the profiler's clock: called with a backward node when autograd starts running it
         # inside a fused group (the group's first node: when the pass starts)
@@ -535,14 +537,17 @@ class _Runtime:
     def _loss(self, d: str, first: bool) -> torch.Tensor:
         """The loss and its gradient with respect to the logits (the loss node's value).
 
-        Where :attr:`loss_releases` holds, the logits are let go of between the loss and its
-        backward: what the loss function saved (log-softmax's result; the logits themselves
-        for a mean-squared error) stays with its ``grad_fn``, the rest is freed, as in a plain
-        step. The workspace measured on this path is what the simulator charges."""
+        Where :attr:`loss_releases` says so for this computation, the logits are let go of
+        between the loss and its backward: what the loss function saved (log-softmax's result;
+        the logits themselves for a mean-squared error) stays with its ``grad_fn``, the rest is
+        freed, as in a plain step. The workspace measured on this path is what the simulator
+        charges, plus the logits where they stay."""
         u = self.nf - 1
         logits = self.fwd_tensor(d, u)
+        k, self.loss_calls = self.loss_calls, self.loss_calls + 1
+        release = k < len(self.loss_releases) and self.loss_releases[k]
         with torch.enable_grad():
-            if not self.loss_releases:
+            if not release:
                 leaf = logits.detach().requires_grad_(True)
                 loss = self.cap.loss(leaf, self.target[d])
                 (g,) = torch.autograd.grad(loss, leaf)
@@ -797,19 +802,6 @@ def _ticking(clock, node: int):
         clock(node)
 
     return prehook
-
-
-def loss_releases_logits(graph: Any, ops: Sequence[Op]) -> bool:
-    """Whether the loss node may let go of the logits before its backward (a plain step frees
-    them once the loss has run): nothing after the loss reads them (no backward node saved
-    them) and the schedule computes the loss once. A schedule that keeps them longer anyway
-    then measures below its prediction, never above."""
-    nf = (graph.size - 1) // 2
-    if graph.size < 2 or graph.nodes[nf].kind != "loss":
-        return False
-    readers = {e.dst for e in graph.edges if e.src == nf - 1 and e.kind == "value"}
-    losses = sum(1 for op in ops if op.kind == "compute" and op.node == nf)
-    return readers == {nf} and losses == 1
 
 
 def _recomputed(ops: Sequence[Op]) -> set[int]:
@@ -1134,7 +1126,7 @@ class CompiledSchedule:
         self.devices = tuple(inst.devices)
         self.rt = rt = _Runtime(captured, self.devices)
         rt.replayed = _recomputed(self.sim.ops)
-        rt.loss_releases = loss_releases_logits(captured.graph, self.sim.ops)
+        rt.loss_releases = tuple(self.sim.loss_releases)
         self.dspecs = [rt.specs[d] for d in self.devices]
         self.cpu_devices = [d for d in self.devices if not rt.specs[d].is_cuda]
         self.cuda_devices = [d for d in self.devices if rt.specs[d].is_cuda]

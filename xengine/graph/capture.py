@@ -934,6 +934,9 @@ def _build_graph(
         "n_forward": nf,
         "param_bytes": int(sum(tensor_bytes(p) for p in params.values())),
         "capture": "torch.fx",
+        # the executor's loss lets go of the logits before its gradient where it can
+        # (Graph.released_logits, docs/design.md section 8)
+        "loss_releases_logits": mode == "train",
         "graph_sha": hashlib.sha256(structure.encode()).hexdigest()[:16],
     }
     return Graph(

@@ -244,6 +244,23 @@ class Graph:
         return out
 
     @cached_property
+    def released_logits(self) -> int | None:
+        """The logits node when the executor's loss may let go of them before computing its
+        gradient (docs/design.md section 8): a captured training graph (``meta``'s
+        ``loss_releases_logits``) whose logits no node but the loss reads. A loss computation
+        that cannot (the logits kept past it, or the loss computed on two devices at once)
+        needs the logits' bytes more while it runs (:mod:`xengine.simulate`). None otherwise:
+        graphs made in code or read from files keep the plain memory model."""
+        if not (self.meta or {}).get("loss_releases_logits"):
+            return None
+        loss = [i for i, v in enumerate(self.nodes) if v.kind == "loss"]
+        if len(loss) != 1 or loss[0] == 0:
+            return None
+        u = loss[0] - 1
+        readers = {e.dst for e in self.value_edges if e.src == u}
+        return u if readers == {loss[0]} else None
+
+    @cached_property
     def predecessors(self) -> tuple[tuple[int, ...], ...]:
         """Per node: the nodes whose *values* it reads (state links excluded)."""
         preds: list[list[int]] = [[] for _ in self.nodes]

@@ -25,7 +25,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from xengine.execute.executor import LABEL_PREFIX, _Runtime, loss_releases_logits
+from xengine.execute.executor import LABEL_PREFIX, _Runtime
 from xengine.graph import capture as graph_capture
 from xengine.graph.capture import CapturedModel
 from xengine.problem import Instance
@@ -110,11 +110,12 @@ def measure_workspace_bytes(captured: CapturedModel, device: str = "cpu") -> lis
     n = g.size
     costless = g.with_costs({device: {v.name: 0.0 for v in g.nodes}})
     inst = Instance.single(costless, device, budget_bytes=None)
-    ops = simulate(inst, keep_all_schedule(inst)).ops
+    sim = simulate(inst, keep_all_schedule(inst))
+    ops = sim.ops
     start = TorchState(captured.gm.buffers(), grads_of=captured.module.parameters())
     threads0 = torch.get_num_threads()
     rt = _Runtime(captured, [device])
-    rt.loss_releases = loss_releases_logits(g, ops)  # as the executor runs the loss
+    rt.loss_releases = tuple(sim.loss_releases)  # as the executor runs the loss
     rt.zero_grads()
     try:
         if rt.specs[device].is_cuda:

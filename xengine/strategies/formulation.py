@@ -98,6 +98,7 @@ class Formulation:
     edges: tuple = ()  # value edges, then state edges: the E axis of Fix and Xix
     Aix: np.ndarray | None = None  # (D, T, n) state residency by forward node, or -1
     Pix: np.ndarray | None = None  # (T, n) "runs on some device" (exact mode, D >= 2), or -1
+    Kix: np.ndarray | None = None  # (D, T) the loss lets go of the logits, or -1
 
     # ------------------------------------------------------------------ reading a solution
     def schedule_from(self, x: np.ndarray) -> Schedule:
@@ -140,6 +141,10 @@ class Formulation:
             dst = np.array([e.dst for e in self.edges])
             for e in range(len(self.edges)):
                 extra[:, :, dst[e]] += X[:, :, e] * m_src[e]
+        if self.Kix is not None:
+            u = g.released_logits
+            K = np.where(self.Kix >= 0, x[np.maximum(self.Kix, 0)], 0.0)
+            extra[:, :, u + 1] += (R[:, :, u + 1] - K) * g.output_bytes[u]
         tot = U + extra
         return np.max(tot.reshape(D, -1), axis=1)
 
@@ -160,6 +165,11 @@ class Formulation:
             pairs.append((self.Aix, A))
         if self.Pix is not None:
             pairs.append((self.Pix, (R.sum(axis=0) > 0.5).astype(float)))
+        if self.Kix is not None:
+            u = g.released_logits
+            kept = np.concatenate([S[:, 1:, u], np.zeros((D, 1))], axis=1)  # S[d,t+1,u]
+            alone = R[:, :, u + 1].sum(axis=0, keepdims=True) == 1
+            pairs.append((self.Kix, ((R[:, :, u + 1] > 0.5) & (kept < 0.5) & alone).astype(float)))
         for ix, val in pairs:
             mask = ix >= 0
             x[ix[mask]] = val[mask]
@@ -312,6 +322,7 @@ class Draft:
     SXix: np.ndarray | None = None  # (D, T, n_tensors) residency of every tensor: S, then SA
     Zix: np.ndarray | None = None  # presence, paper mode with D >= 2
     Pix: np.ndarray | None = None  # (T, n) runs on some device: exact mode with D >= 2
+    Kix: np.ndarray | None = None  # (D, T) the loss lets go of the logits (Graph.released_logits)
     Xix: np.ndarray | None = None
     Yix: np.ndarray | None = None  # (D, D, T, E) copy source, exact mode with D >= 3
     Fix: np.ndarray | None = None
@@ -1044,6 +1055,52 @@ def _tight_rows(dr: Draft, fcol: np.ndarray, conds: list) -> None:
         )
 
 
+def add_loss_release_rows(dr: Draft) -> None:
+    """K[d,t]: the loss computed on d in stage t lets go of the logits before its gradient,
+    the simulator's rule (``_Replay.loss_extra``): K = R[d,t,loss] AND NOT S[d,t+1,logits]
+    AND no other device runs the loss in t, as ``K <= R``, ``K <= 1 - S``,
+    ``K <= 1 - R[d']`` and ``K >= R - S - sum_{d'} R[d']``. Where K is 0 the loss needs the
+    logits' bytes more (:func:`_budget_rows`). Only graphs whose loss can release
+    (:attr:`Graph.released_logits`); continuous with tight FREE rows, binary with hazard rows
+    (CP-SAT)."""
+    u = dr.inst.graph.released_logits
+    if u is None:
+        return
+    loss, T = u + 1, dr.T
+    ts = np.arange(loss, T)
+    k = ts.size
+    rows = np.arange(k)
+    dr.Kix = np.full((dr.D, T), -1, dtype=np.int64)
+    for d in range(dr.D):
+        dr.Kix[d, ts] = dr.b.add_vars(k, 0.0, 1.0, not dr.tight)
+    nxt = np.where(ts + 1 < T, ts + 1, 0)
+    for d in range(dr.D):
+        kv, rv = dr.Kix[d, ts], dr.Rix[d, ts, loss]
+        sv = np.where(ts + 1 < T, dr.Six[d, nxt, u], -1)  # nothing is kept past the last stage
+        others = [dr.Rix[a, ts, loss] for a in range(dr.D) if a != d]
+        dr.b.add_rows(
+            "release_le_r",
+            k,
+            np.r_[rows, rows],
+            np.r_[kv, rv],
+            np.r_[np.ones(k), -np.ones(k)],
+            -np.inf,
+            0.0,
+        )
+        dr.b.add_rows("release_le_s", k, np.r_[rows, rows], np.r_[kv, sv], 1.0, -np.inf, 1.0)
+        for ov in others:
+            dr.b.add_rows("release_le_o", k, np.r_[rows, rows], np.r_[kv, ov], 1.0, -np.inf, 1.0)
+        dr.b.add_rows(
+            "release_ge",
+            k,
+            np.concatenate([rows] * (3 + len(others))),
+            np.concatenate([kv, rv, sv, *others]),
+            np.concatenate([np.ones(k), -np.ones(k), np.ones(k), *[np.ones(k)] * len(others)]),
+            0.0,
+            np.inf,
+        )
+
+
 def add_memory_rows(dr: Draft) -> None:
     """U[d,t,k], the memory on device d after step (t, k), bounded by the budget (Checkmate
     eq. 9 as bounds, XEngine constraint 10 per device), and its recurrence per device:
@@ -1122,6 +1179,8 @@ def _budget_rows(dr: Draft, d: int) -> None:
     kt, kk = np.nonzero(dr.r_cells)
     wb = dr.workspace_mu
     trans = wb[d, kk] > 0
+    if dr.Kix is not None:
+        trans |= kk == dr.inst.graph.released_logits + 1
     exact_copies = dr.multi and dr.mode == "exact"
     if exact_copies:
         has_copy_in = np.zeros(dr.inst.graph.size, dtype=bool)
@@ -1134,6 +1193,12 @@ def _budget_rows(dr: Draft, d: int) -> None:
     rr = [np.arange(sel.size), np.arange(sel.size)]
     cc = [dr.Uix[d, kt[sel], kk[sel]], dr.Rix[d, kt[sel], kk[sel]]]
     vv = [np.ones(sel.size), wb[d, kk[sel]]]
+    if dr.Kix is not None:  # the logits' bytes unless the loss lets go of them: m (R - K)
+        u = dr.inst.graph.released_logits
+        at = np.flatnonzero(kk[sel] == u + 1)
+        rr += [at, at]
+        cc += [dr.Rix[d, kt[sel][at], u + 1], dr.Kix[d, kt[sel][at]]]
+        vv += [np.full(at.size, dr.value_mu[u]), np.full(at.size, -dr.value_mu[u])]
     if exact_copies:
         cp_mask = dr.copyable[dr.te_e]
         xr, xc, xv = [], [], []
@@ -1186,6 +1251,7 @@ def finish(dr: Draft) -> Formulation:
         edges=dr.edges,
         Aix=dr.Aix,
         Pix=dr.Pix,
+        Kix=dr.Kix,
     )
     f._Yix = dr.Yix
     blocked = dr.blocked_nodes
@@ -1221,6 +1287,7 @@ def build(
     add_dependency_rows(dr)
     add_copy_terms(dr)
     add_free_rows(dr)
+    add_loss_release_rows(dr)
     add_memory_rows(dr)
     add_compute_objective(dr)
     return finish(dr)
