@@ -93,7 +93,7 @@ BAD_INPUT = [
     (["graph={graph}", "solver.name=nosuchsolver"], ["unknown solver", "nosuchsolver"]),
     (["graph={graph}", "strategy=[checkmate,nosuch]"], ["unknown strategy", "nosuch"]),
     (["graph={graph}", "devices=[cpu,cuda]"], ["cuda", "no cost"]),
-    (["net=nosuchnet"], ["unknown net", "nosuchnet", "resnet18"]),
+    (["net=nosuchnet"], ["unknown net", "nosuchnet", "torchvision classification model"]),
     (["graph={cycle}", "mem=5MiB"], ["cycle.json", "cycle", "'f1'", "'f2'", "'f3'"]),
     (["graph={missing}", "mem=5MiB"], ["missing.json", "links[2].target", "99"]),
     (["graph={tmp}/nowhere.json"], ["nowhere.json", "does not exist"]),
@@ -315,7 +315,7 @@ def test_default_config_composes_to_the_documented_defaults():
 def test_every_net_config_names_a_capturable_net():
     from xengine.graph.capture import TORCHVISION_NETS
 
-    names = {p.stem for p in (REPO / "conf" / "net").glob("*.yaml")}
+    names = {p.stem for p in (REPO / "conf" / "net").glob("*.yaml")} - {"torchvision"}
     assert names <= set(TORCHVISION_NETS)
     assert {"resnet18", "resnet50", "tiny"} <= names
 
@@ -604,3 +604,49 @@ def test_tiny_net_end_to_end(tmp_path, store):
         assert run[f"tags.xe.status.{s}"] in ("optimal", "feasible")
     assert run["tags.xe.profile_source"]
     assert "grads match" in proc.stdout
+
+
+# ------------------------------------------------------------ any torchvision model by name
+def test_a_torchvision_model_without_a_file_is_taken_by_name():
+    from xengine.commandline import prepare_argv, run_config_from
+
+    conf = REPO / "conf"
+    out = prepare_argv(["net=mnasnet0_5", "net.batch_size=2"], conf)
+    assert out == ["net=torchvision", "net.name=mnasnet0_5", "net.batch_size=2"]
+    assert prepare_argv(["-m", "net=mnasnet0_5,squeezenet1_1"], conf)[1:] == [
+        "net=torchvision",
+        "net.name=mnasnet0_5,squeezenet1_1",
+    ]
+    assert prepare_argv(["net=resnet50"], conf) == ["net=resnet50"]  # a file: unchanged
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        rc = run_config_from(compose("config", overrides=out))
+    assert (rc.net, rc.batch_size, rc.image_size, rc.num_classes) == ("mnasnet0_5", 2, 224, 1000)
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["net=resnet19"], ["unknown net 'resnet19'", "did you mean", "resnet18"]),
+        (["net=mobilenetv3_small"], ["did you mean", "mobilenet_v3_small"]),
+        (["-m", "net=tiny,mnasnet0_5"], ["tiny", "mnasnet0_5", "two runs"]),
+    ],
+)
+def test_an_unknown_net_name_is_one_line_with_the_closest(args, words):
+    from xengine.commandline import prepare_argv
+
+    with pytest.raises(ConfigError) as exc:
+        prepare_argv(args, REPO / "conf")
+    line = str(exc.value)
+    assert "\n" not in line
+    for w in words:
+        assert w in line, line
+
+
+def test_a_listed_model_is_captured_by_name():
+    from xengine.graph.capture import known_nets, trace_net
+
+    assert {"shufflenet_v2_x0_5", "mnasnet0_5", "efficientnet_b0", "vit_b_32"} <= set(known_nets())
+    cap = trace_net("squeezenet1_1", 1, image_size=32, num_classes=10)
+    assert cap.net == "squeezenet1_1" and cap.graph.size > 20

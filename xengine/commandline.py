@@ -7,7 +7,8 @@ a mistake becomes one :class:`~xengine.config.ConfigError` line naming the key a
 
 * text Hydra cannot take or should not (a newline or other control character, a YAML tag such
   as ``!!python/object``);
-* a ``net=`` or ``solver=`` with no file in ``conf/``, a device mix with an empty name
+* a ``net=`` that is neither a file in ``conf/net`` nor a torchvision classification model
+  (with the closest names), a ``solver=`` with no file in ``conf/``, a device mix with an empty name
   (``devices=cpu+``), a budget written as a mapping (``mem={cpu: 1GB}``);
 * a key the configuration does not have, with the closest one it has (``net.foo`` -> did you
   mean ``net.name``?); any other refusal of Hydra's, in its first line.
@@ -16,8 +17,9 @@ The keys are checked by composing the configuration once, as Hydra will, with th
 of each sweep. :func:`rewrite_argv` then turns the spellings Hydra cannot take as they are
 into ones it can: ``mem.cuda=1GB`` -> ``++mem.cuda=1GB`` (a new key of the ``mem`` group of
 keys), ``mem=2GB`` -> ``mem.all=2GB`` when per-device budgets are also given (or when it is a
-list), and a device mix that is not a file of ``conf/devices/`` (``devices=[cpu3,cpu1]``,
-``devices=cpu3+cpu1``) -> ``devices.names=[cpu3,cpu1]``.
+list), a device mix that is not a file of ``conf/devices/`` (``devices=[cpu3,cpu1]``,
+``devices=cpu3+cpu1``) -> ``devices.names=[cpu3,cpu1]``, and a torchvision model without a
+file of ``conf/net/`` (``net=mnasnet0_5``) -> ``net=torchvision net.name=mnasnet0_5``.
 
 Reading the composed configuration (:func:`run_config_from`), every interpolation must
 resolve, and every value must be of its key's kind: a boolean is true/false (yes/no, on/off,
@@ -52,9 +54,9 @@ def prepare_argv(argv: list[str], conf: Path) -> list[str]:
     check_group_choices(overrides, conf)
     for arg in overrides:
         _check_value_shape(arg)
-    out = rewrite_argv(argv, conf)
-    _check_keys(argv, out, conf)
-    return out
+    pairs = [(typed, r) for typed in argv for r in rewrite_argv([typed], conf, context=argv)]
+    _check_keys(pairs, conf)
+    return [r for _typed, r in pairs]
 
 
 def _split(arg: str) -> tuple[str, str, str]:
@@ -86,16 +88,32 @@ def check_group_choices(argv: list[str], conf: Path) -> None:
         if "(" in value:
             continue
         options = sorted(p.stem for p in (conf / bare).glob("*.yaml"))
-        for choice in _choices(value):
-            if choice not in options:
-                hint = (
-                    "; for another torchvision model keep a listed net and set net.name=<model>"
-                    if bare == "net"
-                    else ""
-                )
-                raise ConfigError(
-                    f"unknown {bare} {choice!r}: choose one of {', '.join(options)}{hint}"
-                )
+        missing = [c for c in _choices(value) if c not in options]
+        if bare == "net" and missing:
+            _check_net_names(value, missing, options)
+            continue
+        for choice in missing:
+            raise ConfigError(f"unknown {bare} {choice!r}: choose one of {', '.join(options)}")
+
+
+def _check_net_names(value: str, missing: list[str], options: list[str]) -> None:
+    """``net=<model>`` without a file: any torchvision classification model (rewritten to
+    ``net=torchvision net.name=<model>``); an unknown name is one line with the closest."""
+    from xengine.graph.capture import OWN_NETS, check_net_name
+    from xengine.graph.types import GraphError
+
+    for name in missing:
+        try:
+            check_net_name(name)
+        except GraphError as exc:
+            raise ConfigError(str(exc)) from None
+    own = [c for c in _choices(value) if c in OWN_NETS]
+    if own:
+        raise ConfigError(
+            f"net={value}: a sweep mixing {', '.join(own)} with torchvision models that have "
+            f"no file in conf/net ({', '.join(missing)}) cannot be written as one override; "
+            "sweep them in two runs"
+        )
 
 
 def _choices(value: str) -> list[str]:
@@ -153,12 +171,16 @@ def _device_list(choice: str) -> str:
     return "[" + ",".join(_device_names(choice)) + "]"
 
 
-def rewrite_argv(argv: list[str], conf: Path) -> list[str]:
-    """Command-line items as Hydra can take them (see the module docstring), one for one."""
+def rewrite_argv(argv: list[str], conf: Path, context: list[str] | None = None) -> list[str]:
+    """Command-line items as Hydra can take them (see the module docstring), one for one
+    except ``net=<model without a file>``, which becomes two; ``context``: the whole command
+    line, when ``argv`` is a part of it."""
     per_device_mem = any(
-        a.lstrip("+").startswith("mem.") and not a.lstrip("+").startswith("mem.all=") for a in argv
+        a.lstrip("+").startswith("mem.") and not a.lstrip("+").startswith("mem.all=")
+        for a in (argv if context is None else context)
     )
     options = {p.stem for p in (conf / "devices").glob("*.yaml")}
+    nets = {p.stem for p in (conf / "net").glob("*.yaml")}
     out = []
     for arg in argv:
         key, sep, value = arg.partition("=")
@@ -170,6 +192,9 @@ def rewrite_argv(argv: list[str], conf: Path) -> list[str]:
         elif bare.startswith("mem.") and bare.count(".") == 1 and bare != "mem.all":
             # a Hydra key cannot hold ':': mem.cuda:1 is kept as mem.cuda_1 (see run.py)
             out.append(f"++{bare.replace(':', '_')}={value}")
+        elif bare == "net" and any(c not in nets for c in _choices(value)):
+            # a torchvision model without a file of its own (checked by check_group_choices)
+            out += ["net=torchvision", f"net.name={value}"]
         elif bare == "devices":
             choices = split_top(value)
             if all(c.strip() in options for c in choices):
@@ -182,13 +207,14 @@ def rewrite_argv(argv: list[str], conf: Path) -> list[str]:
 
 
 # ------------------------------------------------------------------------------ keys
-def _check_keys(typed: list[str], rewritten: list[str], conf: Path) -> None:
+def _check_keys(pairs: list[tuple[str, str]], conf: Path) -> None:
     """Compose the configuration as Hydra will (the first value of each sweep) and say a
-    refusal in one line, naming the override as the user typed it."""
+    refusal in one line, naming the override as the user typed it (``pairs``: each item as
+    typed with one item it was rewritten to)."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
 
-    pairs = [(t, r) for t, r in zip(typed, rewritten, strict=True) if not t.startswith("-")]
+    pairs = [(t, r) for t, r in pairs if not t.startswith("-")]
     first = []
     for t, r in pairs:
         first.append(_first_value(t, r))

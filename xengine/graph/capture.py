@@ -31,6 +31,7 @@ The capture run leaves no trace: the random state and the module buffers are res
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import logging
@@ -67,6 +68,9 @@ TORCHVISION_NETS: tuple[str, ...] = (
     "vit_b_16",
     "gpt2_small",
 )
+OWN_NETS = ("tiny", "gpt2_small")
+"""Nets written here (:mod:`xengine.graph.nets`, :class:`TinyNet`); every other name is a
+torchvision classification model (:func:`known_nets`)."""
 TOKEN_NETS = ("gpt2_small",)
 """Nets that read token ids: ``image_size`` is their sequence length, ``num_classes`` their
 vocabulary."""
@@ -954,6 +958,27 @@ def _itemsize(dtype: str) -> int:
 
 
 # ---------------------------------------------------------------------- named nets
+def known_nets() -> tuple[str, ...]:
+    """Every name ``net=`` takes: the nets written here and every classification model of
+    ``torchvision.models.list_models(module=torchvision.models)`` (weights never downloaded)."""
+    import torchvision
+
+    listed = torchvision.models.list_models(module=torchvision.models)
+    return tuple(dict.fromkeys([*TORCHVISION_NETS, *sorted(listed)]))
+
+
+def check_net_name(net: str) -> None:
+    """An unknown name is one line naming the closest known ones."""
+    names = known_nets()
+    if net in names:
+        return
+    close = difflib.get_close_matches(net, names, n=4, cutoff=0.5)
+    hint = f"did you mean {', '.join(close)}?" if close else f"choose one of {', '.join(names)}"
+    raise GraphError(
+        f"unknown net {net!r}: {hint} (any torchvision classification model, tiny, gpt2_small)"
+    )
+
+
 def _build_net(net: str, num_classes: int, image_size: int) -> nn.Module:
     if net == "tiny":
         return TinyNet(num_classes=num_classes, image_size=image_size)
@@ -963,17 +988,15 @@ def _build_net(net: str, num_classes: int, image_size: int) -> nn.Module:
         return GPTDecoder(GPTConfig(vocab_size=num_classes, seq_len=image_size))
     import torchvision
 
-    if net == "vit_b_16":
-        if image_size % 16:
-            raise GraphError(f"vit_b_16: image size {image_size} is not a multiple of 16")
-        return torchvision.models.vit_b_16(
-            weights=None, image_size=image_size, num_classes=num_classes
-        )
-    if net == "googlenet":
-        return torchvision.models.googlenet(
-            weights=None, aux_logits=False, init_weights=True, num_classes=num_classes
-        )
-    return getattr(torchvision.models, net)(weights=None, num_classes=num_classes)
+    build = torchvision.models.get_model_builder(net)
+    if net.startswith("vit_"):  # a ViT is built for one image size, a multiple of its patch
+        patch = int(net.rsplit("_", 1)[1])
+        if image_size % patch:
+            raise GraphError(f"{net}: image size {image_size} is not a multiple of {patch}")
+        return build(weights=None, image_size=image_size, num_classes=num_classes)
+    if net in ("googlenet", "inception_v3"):  # no auxiliary heads: one output, one loss
+        return build(weights=None, aux_logits=False, init_weights=True, num_classes=num_classes)
+    return build(weights=None, num_classes=num_classes)
 
 
 def trace_net(
@@ -996,8 +1019,7 @@ def trace_net(
     Workspaces are the parameter gradients, as in :func:`capture`;
     ``xengine.profile.workspace.capture_net`` measures them too.
     """
-    if net not in TORCHVISION_NETS:
-        raise GraphError(f"unknown net {net!r}: choose one of {', '.join(TORCHVISION_NETS)}")
+    check_net_name(net)
     if batch_size < 1:
         raise GraphError(f"batch size must be at least 1, got {batch_size}")
     token = net in TOKEN_NETS
