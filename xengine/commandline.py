@@ -430,6 +430,7 @@ def run_config_from(cfg: DictConfig) -> RunConfig:
         warmup=_get(cfg, "warmup", int),
         profile_path=_get(cfg, "profile.path", str, optional=True),
         profile_repeats=_get(cfg, "profile.repeats", int),
+        context_rounds=_get(cfg, "profile.context_rounds", int),
         profile_warmup=_get(cfg, "profile.warmup", int),
         profile_cache_dir=_get(cfg, "profile.cache_dir", str),
         progress=_get(cfg, "profile.progress", bool),

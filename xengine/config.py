@@ -69,6 +69,9 @@ class RunConfig:
     profile_repeats: int = 5
     profile_warmup: int = 2
     profile_cache_dir: str = "results/cache/profiles"
+    # profile-guided rounds: a schedule that fits is timed in its own steps and its strategy
+    # run again on those costs (xengine.refine); 0 keeps the keep-everything profile's costs
+    context_rounds: int = 2
     progress: bool = True
     seed: int = 0
     grad_rtol: float = 1e-4
@@ -217,6 +220,7 @@ class RunConfig:
             ("warmup", self.warmup, 0),
             ("profile.repeats", self.profile_repeats, 1),
             ("profile.warmup", self.profile_warmup, 0),
+            ("profile.context_rounds", self.context_rounds, 0),
         ):
             if value < least:
                 raise ConfigError(f"{name}={value} must be at least {least}")

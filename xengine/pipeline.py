@@ -37,9 +37,10 @@ from xengine.records.record import (
     record_row,
     record_summary,
 )
+from xengine.refine import solve_in_context
 from xengine.result import MIB, RunRow, StrategyResult, row_of
 from xengine.schedule import Schedule
-from xengine.strategies.registry import STRATEGIES, run_strategy
+from xengine.strategies.registry import STRATEGIES
 from xengine.units import format_bytes
 
 log = logging.getLogger(__name__)
@@ -67,18 +68,26 @@ def run_pipeline(
         warm = None
         if job.name == "xengine":
             warm = _warm_start(inst, alone, cfg, tracker)
-        res = run_strategy(
+        res, costed, rounds = solve_in_context(
             job.name,
             job.inst,
             cfg.settings,
+            prep.captured if cfg.executes else None,
+            rounds=cfg.context_rounds,
+            repeats=cfg.profile_repeats,
+            warmup=cfg.profile_warmup,
             warm_start=warm,
             label=job.label,
             status_line=cfg.progress,
         )
         row = row_of(job.label, res)
         row.alone = job.alone
+        if rounds is not None:
+            row.profile_time_s = rounds.profile_time_s
+            row.context_rounds, row.context_stable = rounds.rounds, rounds.stable
+            row.context_plain_time_s = rounds.context_plain_step_s
         if cfg.executes and prep.captured is not None:
-            _execute_into(row, res, job.inst, cfg, prep, references, executed)
+            _execute_into(row, res, costed, cfg, prep, references, executed)
         rows.append(row)
         record_row(tracker, row)
         record_figures(tracker, row, job.inst)

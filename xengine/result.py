@@ -128,6 +128,12 @@ class RunRow:
     budget_bytes: tuple[int, ...] | None = None
     predicted_time_s: float | None = None
     predicted_peak_bytes: tuple[int, ...] | None = None
+    # the prediction from the keep-everything profile alone, before the rounds in context
+    # (xengine.refine); None when the costs were not refined
+    profile_time_s: float | None = None
+    context_rounds: int | None = None
+    context_stable: bool | None = None
+    context_plain_time_s: float | None = None  # a plain step beside the last timing in context
     measured_time_s: float | None = None
     measured_peak_bytes: tuple[int, ...] | None = None
     fixed_bytes: int | None = None
@@ -147,6 +153,10 @@ class RunRow:
         """MLflow metrics under ``<label>/``, units in the names."""
         out: dict[str, float | None] = {
             "predicted_time_ms": _ms(self.predicted_time_s),
+            "profile_predicted_time_ms": _ms(self.profile_time_s),
+            "context_rounds": self.context_rounds,
+            "context_stable": None if self.context_stable is None else float(self.context_stable),
+            "context_plain_time_ms": _ms(self.context_plain_time_s),
             "measured_time_ms": _ms(self.measured_time_s),
             "predicted_peak_mib": _mib_max(self.predicted_peak_bytes),
             "measured_peak_mib": _mib_max(self.measured_peak_bytes),

@@ -423,6 +423,43 @@ class _Runtime:
         if self.transient[d]:
             self.transient[d].clear()
 
+    def plain_forward(self, v: int, first: bool, connect: frozenset[int], native: bool) -> bool:
+        """Whether a forward compute can take :meth:`compute_native`: native (autograd keeps
+        what it saves), every input that gets a gradient read as the register itself, and no
+        random state to save or replay (a first run the schedule never repeats)."""
+        if not (self.train and native and first) or self.g.nodes[v].kind != "fwd":
+            return False
+        spec = self.ops[v]
+        if not set(spec.grad_inputs) <= connect:
+            return False
+        return not spec.stochastic or (self.replayed is not None and v not in self.replayed)
+
+    def compute_native(self, v: int, d: str) -> None:
+        """A forward compute as a plain step runs it (:meth:`plain_forward` says when): the op
+        on the registers themselves, no hooks, no taps, no leaves. Same result, state and
+        registers as :meth:`compute`; the keep-everything step is all of these, and their
+        Python was a third of a small op's time (issue 28)."""
+        self._set_threads(d)
+        spec = self.ops[v]
+        reg = self.reg[d]
+        ins = [reg[u] if reg[u] is not None else self.provided(d, u) for u in spec.inputs]
+        if spec.stochastic or spec.mutates_buffers:
+            self.first_fwd_device[v] = d
+        y = self.run_fns[d][v](ins, self.x[d])
+        out_ptr = y.untyped_storage().data_ptr()
+        if out_ptr in self.fixed_ptrs[d] or any(
+            out_ptr == t.untyped_storage().data_ptr() for t in ins
+        ):
+            y = y.clone()
+        if self.g.state_reader[v] >= 0:
+            self.state[d][v] = _State(
+                GradientEdge(y.grad_fn, y.output_nr) if y.requires_grad else None
+            )
+        reg[v] = y
+        self.first_done.add(v)
+        if self.transient[d]:
+            self.transient[d].clear()
+
     # ---------------------------------------------------------------- node runners
     def _forward(
         self,
@@ -1031,9 +1068,11 @@ def compile_program(rt: _Runtime, ops: Sequence[Op], fuse: bool = True) -> list[
         d = devices[op.device]
         if op.kind == "compute":
             first = i in plan.first_compute
-            fn = partial(
-                rt.compute, op.node, d, first, frozenset(connect.get(i, ())), i in plan.native
-            )
+            linked = frozenset(connect.get(i, ()))
+            if rt.plain_forward(op.node, first, linked, i in plan.native):
+                fn = partial(rt.compute_native, op.node, d)
+            else:
+                fn = partial(rt.compute, op.node, d, first, linked, i in plan.native)
         elif op.kind == "copy":
             fn = partial(rt.copy, op.node, devices[op.src_device], d)
         elif op.kind == "free_state":

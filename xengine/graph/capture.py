@@ -190,42 +190,84 @@ class OpSpec:
     select: int | None = None
 
     def bind(self, root: nn.Module) -> Callable[[Sequence[torch.Tensor], torch.Tensor], Any]:
-        """A function ``run(inputs, x)`` that runs this op with the modules of ``root``."""
-        args, kwargs = self.args, self.kwargs
+        """A function ``run(inputs, x)`` that runs this op with the modules of ``root``.
 
-        attrs: dict[str, Any] = {}
-        view_fns: dict[int, Callable[..., Any]] = {}
-
-        def fill(a: Any, ins: Sequence[torch.Tensor], x: torch.Tensor) -> Any:
-            if isinstance(a, _View):
-                key = id(a)
-                if key not in view_fns:
-                    view_fns[key] = _callable(root, a.op, a.target)
-                return view_fns[key](*fill(a.args, ins, x), **fill(a.kwargs, ins, x))
-            if isinstance(a, _Slot):
-                if a.kind == "in":
-                    return ins[a.index]
-                if a.kind == "attr":
-                    if a.path not in attrs:
-                        attrs[a.path] = _get_attr(root, a.path)
-                    return attrs[a.path]
-                return x
-            if isinstance(a, tuple):
-                return tuple(fill(b, ins, x) for b in a)
-            if isinstance(a, list):
-                return [fill(b, ins, x) for b in a]
-            if isinstance(a, dict):
-                return {k: fill(b, ins, x) for k, b in a.items()}
-            return a
-
+        The argument templates are compiled once into getters (:func:`_filler`): the executor
+        calls ``run`` for every computation of every step, and walking the templates each
+        time cost as much as a small op (issue 28: keep-everything against a plain step)."""
         fn = _callable(root, self.op, self.target)
         select = self.select
+        args = _filler(self.args, root)
+        kwargs = _filler(self.kwargs, root)
+        if args is None and kwargs is None:  # no tensor argument at all
+            a0, k0 = self.args, self.kwargs
+
+            def run(ins: Sequence[torch.Tensor], x: torch.Tensor) -> Any:
+                out = fn(*a0, **k0)
+                return out if select is None else out[select]
+
+            return run
+        get_args = args or (lambda ins, x, _a=self.args: _a)
+        get_kwargs = kwargs or (lambda ins, x, _k=self.kwargs: _k)
 
         def run(ins: Sequence[torch.Tensor], x: torch.Tensor) -> Any:
-            out = fn(*fill(args, ins, x), **fill(kwargs, ins, x))
+            out = fn(*get_args(ins, x), **get_kwargs(ins, x))
             return out if select is None else out[select]
 
         return run
+
+
+def _filler(a: Any, root: nn.Module) -> Callable[[Sequence[Any], Any], Any] | None:
+    """A getter ``(ins, x) -> value`` for the template ``a`` (slots, folded views, nested
+    tuples, lists and dicts), or None where ``a`` holds no slot (a constant, used as it is).
+    An attribute is looked up on ``root`` at its first use and kept."""
+    if isinstance(a, _Slot):
+        if a.kind == "in":
+            k = a.index
+            return lambda ins, x: ins[k]
+        if a.kind == "x":
+            return lambda ins, x: x
+        cell: list[Any] = []
+        path = a.path
+
+        def attr(ins, x):
+            if not cell:
+                cell.append(_get_attr(root, path))
+            return cell[0]
+
+        return attr
+    if isinstance(a, _View):
+        view_fn: list[Any] = []
+        op, target = a.op, a.target
+        va = _filler(a.args, root) or (lambda ins, x, _a=a.args: _a)
+        vk = _filler(a.kwargs, root) or (lambda ins, x, _k=a.kwargs: _k)
+
+        def view(ins, x):
+            if not view_fn:
+                view_fn.append(_callable(root, op, target))
+            return view_fn[0](*va(ins, x), **vk(ins, x))
+
+        return view
+    if isinstance(a, (tuple, list)):
+        parts = [_filler(b, root) for b in a]
+        if all(f is None for f in parts):
+            return None
+        getters = [f or (lambda ins, x, _b=b: _b) for f, b in zip(parts, a, strict=True)]
+        kind = type(a)
+        if kind is tuple and len(getters) == 1:
+            (g0,) = getters
+            return lambda ins, x: (g0(ins, x),)
+        if kind is tuple and len(getters) == 2:
+            g0, g1 = getters
+            return lambda ins, x: (g0(ins, x), g1(ins, x))
+        return lambda ins, x: kind(g(ins, x) for g in getters)
+    if isinstance(a, dict):
+        parts = {k: _filler(b, root) for k, b in a.items()}
+        if all(f is None for f in parts.values()):
+            return None
+        getters = {k: f or (lambda ins, x, _b=a[k]: _b) for k, f in parts.items()}
+        return lambda ins, x: {k: g(ins, x) for k, g in getters.items()}
+    return None
 
 
 @dataclass

@@ -1,0 +1,397 @@
+"""Time fidelity: every executed schedule's predicted step time against its measured median,
+beside plain PyTorch steps in the same process (issue 28).
+
+Per net (torchvision models by name, ``gpt2_small``), on one CPU device (and on ``cpu2+cpu1``
+for the nets of ``--two-device-nets``): capture, profile (keep-everything steps, as
+``run.py``), then per budget (a percentage of each device's keep-everything peak) every
+strategy of ``--strategies`` through the paper's protocol (:func:`xengine.protocol.plan`: with
+two devices each single-device strategy runs on each device alone with the total memory, and
+XEngine joins), each solved in context (:func:`xengine.refine.solve_in_context`: its schedule
+timed in its own steps, solved again on those costs until stable, ``--rounds`` at most).
+
+Then every distinct schedule that fits, keep-everything included, is compiled once and
+measured in rounds: each round runs a plain PyTorch step and then every schedule once, in an
+order that rotates from round to round, so the machine's drift hits all of them alike. Per
+schedule: the median step time, its noise (half the interquartile range over the median), and
+the error of two predictions against the median: the simulator's on the keep-everything
+profile alone (``profile_err_pct``) and in context (``err_pct``, what ``run.py`` reports). The
+machine's speed drifts between the timing in context and the measurement; ``norm_err_pct``
+removes that drift by comparing step times in units of a plain step measured beside each
+(the plain step timed with the context timing, against the plain step of the measuring
+rounds).
+
+Writes ``results/time_fidelity/time_fidelity.csv`` (one row per strategy, net, devices and
+budget), ``summary.csv`` (per net and devices: keep-everything over plain, the worst and
+median errors, whether the schedule predicted fastest at each budget is measured fastest
+within the noise) and ``time_fidelity.png`` (predicted against measured, both predictions; the
++-5 % band). The last lines printed are the acceptance figures.
+
+    python experiments/time_fidelity.py                        # 10 nets + 3 on two devices
+    python experiments/time_fidelity.py --nets resnet18 --budgets 50 --two-device-nets none
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import logging
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from xengine.execute.executor import CompiledSchedule, PlainStep  # noqa: E402
+from xengine.problem import Instance  # noqa: E402
+from xengine.profile.profiler import apply_profile, profile_model  # noqa: E402
+from xengine.profile.workspace import capture_net  # noqa: E402
+from xengine.protocol import plan, warm_start  # noqa: E402
+from xengine.records.plots import save_figure  # noqa: E402
+from xengine.refine import solve_in_context  # noqa: E402
+from xengine.schedule import keep_all_schedule  # noqa: E402
+from xengine.simulate import keep_all_peak_bytes, simulate  # noqa: E402
+from xengine.solvers import SolverOptions  # noqa: E402
+from xengine.strategies.registry import STRATEGIES, SolveSettings  # noqa: E402
+
+log = logging.getLogger("time_fidelity")
+OUT = ROOT / "results" / "time_fidelity"
+# net -> (batch, image size or sequence length): small enough for 2 cores, large enough that
+# 50 % of keep-everything is above every op's own footprint (the parameter gradients of the
+# widest layer bound it from below at small inputs); many small ops (shufflenet, mnasnet,
+# efficientnet) are where the executor's own cost per instruction shows most
+NETS = {
+    "resnet18": (4, 128),
+    "mobilenet_v2": (2, 64),
+    "shufflenet_v2_x0_5": (2, 128),
+    "vit_b_16": (4, 96),
+    "gpt2_small": (2, 64),
+    "squeezenet1_1": (2, 96),
+    "mnasnet0_5": (2, 96),
+    "regnet_x_400mf": (2, 64),
+    "efficientnet_b0": (2, 64),
+    "mobilenet_v3_small": (2, 96),
+}
+TWO_DEVICE_NETS = ("resnet18", "mobilenet_v2", "gpt2_small")
+STRATEGY_NAMES = ("checkmate", "chen_sqrtn", "chen_greedy", "recompute_greedy")
+BUDGETS_PCT = (50, 70, 90)
+
+
+@dataclass
+class Entry:
+    """One strategy's row before measurement."""
+
+    net: str
+    devices: str
+    budget_pct: int
+    label: str
+    status: str
+    inst: Instance | None = None
+    sched: object = None
+    profile_pred_s: float | None = None
+    pred_s: float | None = None
+    context_plain_s: float | None = None
+    rounds: int | None = None
+    stable: bool | None = None
+    key: str = ""
+
+
+def _noise(ts: list[float]) -> float:
+    q1, _, q3 = statistics.quantiles(ts, n=4)
+    return (q3 - q1) / 2 / statistics.median(ts)
+
+
+def solve_all(cap, graph, devices, budgets_pct, strategies, settings, rounds) -> list[Entry]:
+    """Every strategy at every budget, solved in context; keep-everything as its own row."""
+    entries: list[Entry] = []
+    names = list(strategies) + (["xengine"] if len(devices) > 1 else [])
+    tag = "+".join(devices)
+    for pct in budgets_pct:
+        budgets = tuple(int(keep_all_peak_bytes(graph, d) * pct / 100) for d in devices)
+        inst = Instance(graph, devices, budgets)
+        alone = []
+        for job in plan(inst, names):
+            start = None
+            if job.name == "xengine":
+                found = warm_start(inst, alone, settings.solver, settings.options, "exact")
+                start = None if found is None else found[1]
+            t0 = time.perf_counter()
+            res, costed, ctx = solve_in_context(
+                job.name,
+                job.inst,
+                settings,
+                cap,
+                rounds=rounds,
+                warm_start=start,
+                label=job.label,
+            )
+            if STRATEGIES[job.name].one_device:
+                alone.append(res)
+            e = Entry(cap.net, tag, pct, job.label, res.status)
+            if res.has_schedule and res.sim.within_budget:
+                e.inst, e.sched = costed, res.schedule
+                e.pred_s = float(res.sim.time_s)
+                if ctx is not None:
+                    e.profile_pred_s = ctx.profile_time_s
+                    e.context_plain_s = ctx.context_plain_step_s
+                    e.rounds, e.stable = ctx.rounds, ctx.stable
+            log.info(
+                "%s %s %d%% %s: %s, predicted %s ms (%.0f s)",
+                cap.net,
+                tag,
+                pct,
+                job.label,
+                res.status,
+                "-" if e.pred_s is None else f"{e.pred_s * 1e3:.2f}",
+                time.perf_counter() - t0,
+            )
+            entries.append(e)
+    return entries
+
+
+def measure(cap, entries: list[Entry], device: str, rounds: int, warmup: int) -> dict:
+    """Interleaved rounds (module docstring): per schedule key its step times, and the plain
+    step's under ``"pytorch"``."""
+    exes: dict[str, CompiledSchedule] = {}
+    for e in entries:
+        if e.sched is None:
+            continue
+        what = (e.sched.R.tobytes(), e.sched.S.tobytes(), e.inst.budget_bytes, e.inst.devices)
+        e.key = f"{e.devices}|{hash(what)}"
+        if e.key not in exes:
+            exes[e.key] = CompiledSchedule(cap, e.inst, e.sched)
+    plain = PlainStep(cap, device)
+    times: dict[str, list[float]] = {k: [] for k in [*exes, "pytorch"]}
+    keys = list(exes)
+    for r in range(warmup + rounds):
+        order = keys[r % max(len(keys), 1) :] + keys[: r % max(len(keys), 1)]
+        dt = plain.step()[0]
+        if r >= warmup:
+            times["pytorch"].append(dt)
+        for k in order:
+            dt = exes[k].step()[0]
+            if r >= warmup:
+                times[k].append(dt)
+    for exe in exes.values():
+        exe.close()
+    plain.close()
+    return times
+
+
+def one_net(net: str, devices: tuple[str, ...], args, settings: SolveSettings) -> list[dict]:
+    batch, image = NETS.get(net, (args.batch_size, args.image_size))
+    t0 = time.perf_counter()
+    cap = capture_net(net, batch, image_size=image)
+    prof = profile_model(cap, devices, cache_dir=None, progress=False)
+    graph = apply_profile(cap.graph, prof)
+    cap.graph = graph
+    keep = Instance(graph, devices[:1], (keep_all_peak_bytes(graph, devices[0]),))
+    ka = Entry(net, "+".join(devices), 100, "keep_all", "feasible", keep, keep_all_schedule(keep))
+    ka.pred_s = ka.profile_pred_s = float(simulate(keep, ka.sched).time_s)
+    entries = [ka] + solve_all(
+        cap, graph, devices, args.budgets, args.strategies, settings, args.rounds
+    )
+    times = measure(cap, entries, devices[0], args.measure_rounds, 2)
+    plain_ts = times["pytorch"]
+    plain_s = statistics.median(plain_ts)
+    rows = []
+    for e in entries:
+        row = {
+            "net": net,
+            "batch_size": batch,
+            "image_size": image,
+            "nodes": graph.size,
+            "devices": e.devices,
+            "budget_pct": e.budget_pct,
+            "strategy": e.label,
+            "status": e.status,
+            "plain_ms": round(plain_s * 1e3, 3),
+            "plain_noise_pct": round(_noise(plain_ts) * 100, 2),
+        }
+        if e.key:
+            ts = times[e.key]
+            meas = statistics.median(ts)
+            ratio = statistics.median(t / p for t, p in zip(ts, plain_ts, strict=True))
+            row.update(
+                profile_pred_ms=round(e.profile_pred_s * 1e3, 3) if e.profile_pred_s else None,
+                pred_ms=round(e.pred_s * 1e3, 3),
+                meas_ms=round(meas * 1e3, 3),
+                noise_pct=round(_noise(ts) * 100, 2),
+                err_pct=round((e.pred_s / meas - 1) * 100, 2),
+                profile_err_pct=(
+                    round((e.profile_pred_s / meas - 1) * 100, 2) if e.profile_pred_s else None
+                ),
+                meas_over_plain=round(ratio, 4),
+                norm_err_pct=(
+                    round(((e.pred_s / e.context_plain_s) / ratio - 1) * 100, 2)
+                    if e.context_plain_s
+                    else None
+                ),
+                rounds=e.rounds,
+                stable=e.stable,
+            )
+        rows.append(row)
+    log.info("%s on %s done in %.0f s", net, "+".join(devices), time.perf_counter() - t0)
+    return rows
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Per net and devices: keep-everything over plain, errors, and per budget whether the
+    schedule predicted fastest is measured fastest within the noise."""
+    out = []
+    for net, dev in dict.fromkeys((r["net"], r["devices"]) for r in rows):
+        mine = [r for r in rows if r["net"] == net and r["devices"] == dev and "meas_ms" in r]
+        ka = next(r for r in mine if r["strategy"] == "keep_all")
+        rec = [r for r in mine if r["strategy"] != "keep_all"]
+        errs = [abs(r["err_pct"]) for r in mine]
+        picks = []
+        for pct in sorted({r["budget_pct"] for r in rec}):
+            at = [r for r in rec if r["budget_pct"] == pct]
+            best_pred = min(at, key=lambda r: r["pred_ms"])
+            best_meas = min(at, key=lambda r: r["meas_ms"])
+            noise = max(best_pred["noise_pct"], best_meas["noise_pct"]) / 100
+            ok = best_pred["meas_ms"] <= best_meas["meas_ms"] * (1 + 2 * noise)
+            picks.append(f"{pct}%:{'ok' if ok else 'MISSED'}")
+        out.append(
+            {
+                "net": net,
+                "devices": dev,
+                "keep_all_over_plain": ka["meas_over_plain"],
+                "max_abs_err_pct": round(max(errs), 2),
+                "median_abs_err_pct": round(statistics.median(errs), 2),
+                "median_abs_profile_err_pct": round(
+                    statistics.median(abs(r["profile_err_pct"]) for r in rec), 2
+                )
+                if rec
+                else None,
+                "median_abs_norm_err_pct": round(
+                    statistics.median(abs(r["norm_err_pct"]) for r in rec), 2
+                )
+                if rec
+                else None,
+                "fastest_predicted_is_fastest": " ".join(picks),
+            }
+        )
+    return out
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    done = [r for r in rows if "meas_ms" in r]
+    fig, ax = plt.subplots(figsize=(7.5, 6.5))
+    strategies = sorted({r["strategy"].split(".")[0] for r in done})
+    colours = dict(zip(strategies, plt.cm.tab10.colors, strict=False))
+    for s in strategies:
+        mine = [r for r in done if r["strategy"].split(".")[0] == s]
+        meas = np.array([r["meas_ms"] for r in mine])
+        ax.scatter(meas, [r["pred_ms"] for r in mine], s=22, color=colours[s], label=s)
+        prof = [
+            (m, r["profile_pred_ms"])
+            for m, r in zip(meas, mine, strict=True)
+            if r.get("profile_pred_ms")
+        ]
+        if prof:
+            m, p = zip(*prof, strict=True)
+            ax.scatter(m, p, s=22, facecolors="none", edgecolors=colours[s], alpha=0.6)
+    lo = min(min(r["meas_ms"], r["pred_ms"]) for r in done) * 0.8
+    hi = max(max(r["meas_ms"], r["pred_ms"]) for r in done) * 1.25
+    xs = np.geomspace(lo, hi, 50)
+    ax.plot(xs, xs, color="k", lw=0.8)
+    ax.fill_between(xs, xs * 0.95, xs * 1.05, color="k", alpha=0.08, label="+-5 %")
+    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi))
+    ax.set_xlabel("measured step time, median (ms)")
+    ax.set_ylabel("predicted step time (ms)")
+    errs = [abs(r["err_pct"]) for r in done]
+    ax.set_title(
+        f"{len(done)} schedules, {len({r['net'] for r in done})} nets: |error| median "
+        f"{statistics.median(errs):.1f} %, max {max(errs):.1f} %\n"
+        "filled: in context (what run.py reports); hollow: keep-everything profile alone",
+        fontsize=9,
+    )
+    ax.legend(fontsize=8, loc="upper left")
+    save_figure(fig, path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nets", nargs="+", default=list(NETS))
+    ap.add_argument("--two-device-nets", nargs="+", default=list(TWO_DEVICE_NETS))
+    ap.add_argument("--strategies", nargs="+", default=list(STRATEGY_NAMES))
+    ap.add_argument("--budgets", nargs="+", type=int, default=list(BUDGETS_PCT))
+    ap.add_argument("--rounds", type=int, default=2, help="rounds in context per strategy")
+    ap.add_argument("--measure-rounds", type=int, default=9)
+    ap.add_argument("--time-limit", type=float, default=20.0, help="seconds per MILP solve")
+    ap.add_argument("--batch-size", type=int, default=2, help="for nets not in the table")
+    ap.add_argument("--image-size", type=int, default=64, help="for nets not in the table")
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    for noisy in ("xengine", "baselines"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    settings = SolveSettings(options=SolverOptions(time_limit_s=args.time_limit))
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    runs = [(n, ("cpu",)) for n in args.nets]
+    runs += [(n, ("cpu2", "cpu1")) for n in args.two_device_nets if n != "none"]
+    t0 = time.perf_counter()
+    for k, (net, devices) in enumerate(runs):
+        log.info(
+            "[%d/%d] %s on %s (%.0f min so far)",
+            k + 1,
+            len(runs),
+            net,
+            "+".join(devices),
+            (time.perf_counter() - t0) / 60,
+        )
+        try:
+            rows += one_net(net, devices, args, settings)
+        except Exception as exc:  # one net that fails is recorded, the others go on
+            log.exception("%s on %s failed", net, "+".join(devices))
+            rows.append({"net": net, "devices": "+".join(devices), "status": f"error: {exc}"})
+        _write(rows, args.out)
+    _write(rows, args.out, final=True)
+
+
+def _write(rows: list[dict], out: Path, final: bool = False) -> None:
+    fields = list(dict.fromkeys(k for r in rows for k in r))
+    with open(out / "time_fidelity.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+    good = [r for r in rows if "meas_ms" in r]
+    if not good:
+        return
+    summary = summarize([r for r in rows if "strategy" in r])
+    with open(out / "summary.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(summary[0]))
+        w.writeheader()
+        w.writerows(summary)
+    plot(good, out / "time_fidelity.png")
+    if final:
+        errs = [abs(r["err_pct"]) for r in good]
+        norm = [abs(r["norm_err_pct"]) for r in good if r.get("norm_err_pct") is not None]
+        prof = [abs(r["profile_err_pct"]) for r in good if r.get("profile_err_pct") is not None]
+        for s in summary:
+            print(" ".join(f"{k}={v}" for k, v in s.items()))
+        print(
+            f"schedules {len(good)}: |error| max {max(errs):.2f} % median "
+            f"{statistics.median(errs):.2f} %; within 5 %: "
+            f"{sum(e <= 5 for e in errs)}/{len(errs)}"
+        )
+        if norm:
+            med = statistics.median(norm)
+            print(f"plain-normalised |error| max {max(norm):.2f} % median {med:.2f} %")
+        if prof:
+            print(f"keep-everything profile alone: |error| median {statistics.median(prof):.2f} %")
+        print(f"keep-everything / plain: max {max(s['keep_all_over_plain'] for s in summary):.3f}")
+
+
+if __name__ == "__main__":
+    main()

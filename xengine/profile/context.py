@@ -1,0 +1,177 @@
+"""Compute times in a schedule's own context (docs/design.md section 4, "in context").
+
+The profile times every node inside keep-everything steps: forward ops whose saved tensors
+autograd keeps itself and one fused backward pass. A schedule that recomputes pays more per
+node: its forward ops run with the executor's saved-tensor hooks and taps, its backward runs
+as many short autograd passes (a recomputation between two backward nodes ends a pass), each
+with its own start, and the allocator sees other patterns. On many small ops this is up to 2x
+the keep-everything cost (issue 28: shufflenet_v2_x0_5, 96 px).
+
+:func:`time_in_context` runs a schedule with the compiled executor and times each of its
+instructions as a step pays for it, the way :func:`xengine.profile.profiler._time_step` times
+keep-everything: a compute's time is the interval from its start to the next instruction's
+start (the frees after it included); a fused pass's start goes to its first backward node;
+copies are timed apart (the copy model stays the profile's). A node computed several times
+costs the mean of its computations, so that the simulator's sum over the schedule is the
+measured sum. The median over ``repeats`` steps is taken.
+
+CPU devices only: on CUDA each mark would need a synchronisation or an event per
+instruction; a mix with a CUDA device keeps the profile's costs (the caller says so).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+from xengine.graph.capture import CapturedModel
+from xengine.problem import Instance
+from xengine.schedule import Schedule
+
+
+def supports(inst: Instance) -> bool:
+    """Whether the schedule's context can be timed on these devices (CPU only)."""
+    from xengine.execute.executor import parse_device
+
+    return not any(parse_device(d).is_cuda for d in inst.devices)
+
+
+@dataclass(frozen=True)
+class ContextTiming:
+    """A schedule timed in its own steps: ``cost_s[device][node]`` seconds per computation;
+    ``step_s``, the median over the steps of the timed instructions' sum; ``plain_step_s``,
+    the median of plain PyTorch steps run between them (the machine's speed at that moment:
+    what a measured step time is compared with later)."""
+
+    cost_s: dict[str, dict[str, float]]
+    step_s: float
+    plain_step_s: float | None
+
+
+def time_in_context(
+    captured: CapturedModel,
+    inst: Instance,
+    sched: Schedule,
+    repeats: int = 5,
+    warmup: int = 2,
+    plain: bool = True,
+) -> ContextTiming:
+    """Every node the schedule computes, timed inside the schedule's own steps (module
+    docstring), ``warmup + repeats`` steps, each followed by a plain step (``plain``).
+
+    Per node the median over the steps is taken, and all of them are then scaled by one
+    factor so that their sum is the median step's sum: the rare slow instruction (a page
+    fault, a garbage collection) hits another node in every step, so per-node medians alone
+    miss it, while a step pays for it."""
+    from xengine.execute.executor import CompiledSchedule, PlainStep
+
+    if repeats < 1 or warmup < 0:
+        raise ValueError("repeats must be >= 1 and warmup >= 0")
+    if not supports(inst):
+        raise ValueError(f"time_in_context runs on CPU devices only, not {list(inst.devices)}")
+    g = inst.graph
+    samples: dict[tuple[str, int], list[float]] = defaultdict(list)
+    totals: list[float] = []
+    plain_s: list[float] = []
+    ref = PlainStep(captured, inst.devices[0]) if plain else None
+    with CompiledSchedule(captured, inst, sched) as exe:
+        program = _marked_program(exe)
+        for r in range(warmup + repeats):
+            spans = _one_step(exe, program)
+            dt_plain = ref.step()[0] if ref is not None else None
+            if r < warmup:
+                continue
+            total: dict[tuple[str, int], float] = defaultdict(float)
+            count: dict[tuple[str, int], int] = defaultdict(int)
+            for key, dt, new in spans:
+                total[key] += dt
+                count[key] += new
+            for key, t in total.items():
+                samples[key].append(t / max(count[key], 1))
+            totals.append(sum(total.values()))
+            if dt_plain is not None:
+                plain_s.append(dt_plain)
+        exe.rt.reset()
+        exe.rt.zero_grads()
+    if ref is not None:
+        ref.close()
+    medians = {key: statistics.median(ts) for key, ts in samples.items()}
+    counts = dict(count)  # the same in every step
+    summed = sum(medians[k] * max(counts.get(k, 1), 1) for k in medians)
+    step_s = float(statistics.median(totals))
+    scale = step_s / summed if summed > 0 else 1.0
+    out: dict[str, dict[str, float]] = {d: {} for d in inst.devices}
+    for (d, v), t in medians.items():
+        out[d][g.nodes[v].name] = float(t * scale)
+    return ContextTiming(out, step_s, float(statistics.median(plain_s)) if plain_s else None)
+
+
+def _marked_program(exe) -> list[tuple]:
+    """The program with each instruction's mark resolved once: ``(fn, key, pass device,
+    first node of a pass)``; ``key`` is ``(device, node)`` for a compute or a pass, ``None``
+    for a copy (timed apart) and ``False`` for a free (its time goes to the compute before)."""
+    out = []
+    for fn, label in exe.program:
+        kind, dev, node = label.split("|")[1:4]
+        if kind in ("compute", "group"):
+            key = (dev, int(node))
+        else:
+            key = None if kind == "copy" else False
+        out.append((fn, key, dev if kind == "group" else None, int(node)))
+    return out
+
+
+def _one_step(exe, program: list[tuple] | None = None) -> list[tuple[tuple[str, int], float, int]]:
+    """One step of ``exe`` with a mark at every instruction: ``(device, node)`` of the
+    compute each interval belongs to, its seconds, and 1 where a computation starts (0 for a
+    second interval of the same one). Copy intervals are left out."""
+    rt = exe.rt
+    program = program if program is not None else _marked_program(exe)
+    exe._restore()
+    rt.reset()
+    rt.zero_grads()
+    clock = time.perf_counter
+    marks: list[tuple[tuple[str, int] | None, float, int]] = []
+    append = marks.append
+    here = {"device": "", "skip": -1}  # a pass's device; its first node, marked at its start
+
+    def tick(node: int) -> None:
+        if here["skip"] == node:
+            here["skip"] = -1
+            return
+        append(((here["device"], node), clock(), 1))
+
+    rt.clock = tick
+    try:
+        for fn, key, pass_device, node in program:
+            if key is not False:
+                if pass_device is not None:
+                    here["device"], here["skip"] = pass_device, node
+                append((key, clock(), 1))
+            fn()
+        append((None, clock(), 0))
+    finally:
+        rt.clock = None
+    if rt.live_count():
+        raise RuntimeError(f"executor: {rt.live_count()} registers alive after the step")
+    return [
+        (key, b - a, new)
+        for (key, a, new), (_, b, _) in zip(marks, marks[1:], strict=False)
+        if key is not None
+    ]
+
+
+def with_context_costs(inst: Instance, measured: dict[str, dict[str, float]]) -> Instance:
+    """``inst`` with the nodes ``measured`` names costed as measured (per device); every
+    other node keeps its cost."""
+    g = inst.graph
+    compute = {
+        d: {v.name: float(measured.get(d, {}).get(v.name, v.cost_s[d])) for v in g.nodes}
+        for d in inst.devices
+    }
+    return Instance(g.with_costs(compute), inst.devices, inst.budget_bytes)
+
+
+__all__ = ["ContextTiming", "supports", "time_in_context", "with_context_costs"]

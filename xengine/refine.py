@@ -1,0 +1,133 @@
+"""Profile-guided solving: a strategy solved again with the costs its own schedule pays
+(docs/design.md section 4, "in context"; issue 28).
+
+The profile's costs are keep-everything's (:mod:`xengine.profile.profiler`); a recomputing
+schedule pays more per node (:mod:`xengine.profile.context`). So a schedule that fits is run
+once, its instructions timed in its own steps, those nodes re-costed, and the strategy runs
+again on the re-costed instance. A round ends when the strategy returns the schedule its
+costs were measured on (``stable``): the prediction is then the simulator's sum of that very
+schedule's measured per-node costs, and the solver optimised it against the costs a schedule
+near it pays. Costs measured in an earlier round are kept for nodes the newer schedule does
+not compute again. After ``rounds`` rounds without a stable schedule the last one is timed in
+its own context once more and re-simulated (not solved again): its prediction is still in its
+own context, but the solver saw the previous schedule's costs.
+
+What the row reports: ``predicted_time_s`` is the in-context prediction, and
+``profile_time_s`` the prediction from the keep-everything profile alone (round 0), so that
+both the refined and the unrefined error can be shown (experiments/time_fidelity.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from xengine.graph.capture import CapturedModel
+from xengine.problem import Instance
+from xengine.profile.context import (
+    ContextTiming,
+    supports,
+    time_in_context,
+    with_context_costs,
+)
+from xengine.result import StrategyResult
+from xengine.schedule import Schedule
+from xengine.simulate import simulate
+from xengine.strategies.registry import SolveSettings, run_strategy
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ContextRounds:
+    """How a row's costs were refined: schedules timed in context (``rounds``), whether the
+    last solve returned the schedule its costs came from, and round 0's prediction."""
+
+    rounds: int
+    stable: bool
+    profile_time_s: float
+    # the last timing in context: its instructions' median sum and a plain step beside it
+    context_step_s: float | None = None
+    context_plain_step_s: float | None = None
+
+
+def solve_in_context(
+    name: str,
+    inst: Instance,
+    settings: SolveSettings,
+    captured: CapturedModel | None,
+    *,
+    rounds: int,
+    repeats: int = 5,
+    warmup: int = 2,
+    warm_start: Schedule | None = None,
+    label: str | None = None,
+    status_line: bool = False,
+) -> tuple[StrategyResult, Instance, ContextRounds | None]:
+    """Run strategy ``name`` (:func:`run_strategy`), then refine it in context for up to
+    ``rounds`` rounds (module docstring). Returns the result, the instance whose costs its
+    prediction used, and the rounds (None: not refined: ``rounds`` is 0, no captured model,
+    a CUDA device in the mix, or no schedule that fits)."""
+    label = label or name
+    res = run_strategy(name, inst, settings, warm_start, label, status_line)
+    if rounds <= 0 or captured is None or not _fits(res):
+        return res, inst, None
+    if not supports(inst):
+        log.info("%s: costs not refined in context on %s (CPU only)", label, "+".join(inst.devices))
+        return res, inst, None
+    profile_time_s = float(res.sim.time_s)
+    measured: dict[str, dict[str, float]] = {d: {} for d in inst.devices}
+    here = inst
+    for r in range(1, rounds + 1):
+        timing = _measure_into(measured, captured, here, res.schedule, repeats, warmup)
+        here = with_context_costs(inst, measured)
+        seen = (timing.step_s, timing.plain_step_s)
+        again = run_strategy(name, here, settings, warm_start, label, status_line)
+        if _fits(again) and _same(again.schedule, res.schedule, inst):
+            log.info("%s: stable after %d round(s) in context", label, r)
+            return again, here, ContextRounds(r, True, profile_time_s, *seen)
+        if not _fits(again):  # keep the schedule that fits, costed in its own context
+            log.info("%s: round %d in context found no schedule that fits", label, r)
+            return _resimulated(res, here), here, ContextRounds(r, False, profile_time_s, *seen)
+        log.info(
+            "%s: round %d in context changed the schedule (%.2f -> %.2f ms predicted)",
+            label,
+            r,
+            simulate(here, res.schedule, check_budget=False).time_s * 1e3,
+            again.sim.time_s * 1e3,
+        )
+        res = again
+    timing = _measure_into(measured, captured, here, res.schedule, repeats, warmup)
+    here = with_context_costs(inst, measured)
+    seen = (timing.step_s, timing.plain_step_s)
+    return _resimulated(res, here), here, ContextRounds(rounds, False, profile_time_s, *seen)
+
+
+def _measure_into(measured, captured, inst, sched, repeats, warmup) -> ContextTiming:
+    timing = time_in_context(captured, inst, sched, repeats, warmup)
+    for d, table in timing.cost_s.items():
+        measured[d].update(table)
+    return timing
+
+
+def _fits(res: StrategyResult) -> bool:
+    return res.has_schedule and res.sim is not None and res.sim.within_budget
+
+
+def _same(a: Schedule, b: Schedule, inst: Instance) -> bool:
+    g = inst.graph
+    return (
+        np.array_equal(a.R, b.R)
+        and np.array_equal(a.S, b.S)
+        and np.array_equal(a.states_for(g), b.states_for(g))
+    )
+
+
+def _resimulated(res: StrategyResult, inst: Instance) -> StrategyResult:
+    """``res`` with its schedule simulated on ``inst``'s costs (memory does not change)."""
+    return replace(res, sim=simulate(inst, res.schedule, check_budget=False))
+
+
+__all__ = ["ContextRounds", "solve_in_context"]
