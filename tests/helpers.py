@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from xengine.config import RunConfig
 from xengine.graph.synthetic import training_graph
 from xengine.graph.types import CopyModel, Graph
 
@@ -91,3 +92,27 @@ class Recorder:
 
     def file_artifact(self, path, artifact_path=None):
         self.artifacts[Path(path).name] = Path(path).read_text()
+
+
+def tiny_run(
+    tmp_path: Path,
+    strategies: tuple[str, ...] = ("checkpoint_all",),
+    mem: str = "100%",
+    batch_size: int = 2,
+    image_size: int = 32,
+) -> RunConfig:
+    """The tiny net, one step per schedule, a quick profile cached under ``tmp_path``."""
+    return RunConfig(
+        net="tiny",
+        batch_size=batch_size,
+        image_size=image_size,
+        num_classes=10,
+        mem=(mem,),
+        strategies=strategies,
+        n_steps=1,
+        warmup=0,
+        profile_repeats=1,
+        profile_warmup=0,
+        profile_cache_dir=str(tmp_path / "profiles"),
+        progress=False,
+    )

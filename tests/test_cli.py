@@ -17,7 +17,7 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from tests.helpers import Recorder, run_cli
+from tests.helpers import Recorder, run_cli, tiny_run
 from xengine.checkpoints import min_feasible_budget_bytes
 from xengine.config import BudgetError, ConfigError, RunConfig
 from xengine.execute.executor import available_devices
@@ -510,29 +510,11 @@ def test_infer_mode_on_a_graph_file_keeps_the_forward_part(graph_file):
 
 
 # --------------------------------------------------------------------------- tiny network
-def _tiny_run(tmp_path, strategies: tuple[str, ...]) -> RunConfig:
-    """The tiny net at 100 %, one step each, a quick profile cached under ``tmp_path``."""
-    return RunConfig(
-        net="tiny",
-        batch_size=2,
-        image_size=32,
-        num_classes=10,
-        mem=("100%",),
-        strategies=strategies,
-        n_steps=1,
-        warmup=0,
-        profile_repeats=1,
-        profile_warmup=0,
-        profile_cache_dir=str(tmp_path / "profiles"),
-        progress=False,
-    )
-
-
 def test_tiny_net_schedules_execute_and_match_plain_pytorch(tmp_path):
     """capture -> profile -> solve -> execute: every schedule that fits is run, measured, and
     its loss and gradients equal plain PyTorch's (the tiny net has dropout and batch norm, so
     this needs every run to start from the same random state and buffers)."""
-    cfg = _tiny_run(tmp_path, ("checkpoint_all", "chen_sqrtn"))
+    cfg = tiny_run(tmp_path, ("checkpoint_all", "chen_sqrtn"))
     rec = Recorder()
     rows = run_pipeline(cfg, rec)
     by = {r.label: r for r in rows}
@@ -563,7 +545,7 @@ def test_one_schedule_is_executed_once(tmp_path, monkeypatch):
         return real(*a, **k)
 
     monkeypatch.setattr(executor, "execute", counting)
-    cfg = _tiny_run(tmp_path, ("checkpoint_all", "checkmate", "recompute_greedy", "chen_sqrtn"))
+    cfg = tiny_run(tmp_path, ("checkpoint_all", "checkmate", "recompute_greedy", "chen_sqrtn"))
     by = {r.label: r for r in run_pipeline(cfg, Recorder())}
     assert len(calls) == 2  # keep-everything and Chen's schedule
     first = by["checkpoint_all"]

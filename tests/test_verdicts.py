@@ -11,7 +11,7 @@ import dataclasses
 
 import torch
 
-from tests.helpers import Recorder
+from tests.helpers import Recorder, tiny_run
 from xengine.config import RunConfig
 from xengine.pipeline import run_pipeline
 from xengine.prepare import prepare
@@ -21,20 +21,7 @@ from xengine.simulate import keep_all_peak_bytes
 
 
 def _cfg(tmp_path, mem: str = "100%", batch_size: int = 2, image_size: int = 32) -> RunConfig:
-    return RunConfig(
-        net="tiny",
-        batch_size=batch_size,
-        image_size=image_size,
-        num_classes=10,
-        mem=(mem,),
-        strategies=("checkpoint_all",),
-        n_steps=1,
-        warmup=0,
-        profile_repeats=1,
-        profile_warmup=0,
-        profile_cache_dir=str(tmp_path / "profiles"),
-        progress=False,
-    )
+    return tiny_run(tmp_path, mem=mem, batch_size=batch_size, image_size=image_size)
 
 
 def _corrupt_add(prep):

@@ -86,6 +86,9 @@ def run_pipeline(
             row.profile_time_s = rounds.profile_time_s
             row.context_rounds, row.context_stable = rounds.rounds, rounds.stable
             row.context_plain_time_s = rounds.context_plain_step_s
+            row.context_cost_s = {
+                d: {v.name: v.cost_s[d] for v in costed.graph.nodes} for d in costed.devices
+            }
         if cfg.executes and prep.captured is not None:
             _execute_into(row, res, costed, cfg, prep, references, executed)
         rows.append(row)

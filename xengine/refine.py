@@ -13,8 +13,8 @@ its own context once more and re-simulated (not solved again): its prediction is
 own context, but the solver saw the previous schedule's costs.
 
 What the row reports: ``predicted_time_s`` is the in-context prediction, and
-``profile_time_s`` the prediction from the keep-everything profile alone (round 0), so that
-both the refined and the unrefined error can be shown (experiments/time_fidelity.py).
+``profile_time_s`` the same schedule's prediction on the keep-everything profile's costs, so
+that both the refined and the unrefined error can be shown (experiments/time_fidelity.py).
 """
 
 from __future__ import annotations
@@ -42,8 +42,9 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ContextRounds:
-    """How a row's costs were refined: schedules timed in context (``rounds``), whether the
-    last solve returned the schedule its costs came from, and round 0's prediction."""
+    """How a row's costs were refined: rounds run (``rounds``), whether the last solve
+    returned the schedule its costs came from, and the prediction of the returned schedule on
+    the keep-everything profile's costs (``profile_time_s``)."""
 
     rounds: int
     stable: bool
@@ -77,20 +78,19 @@ def solve_in_context(
     if not supports(inst):
         log.info("%s: costs not refined in context on %s (CPU only)", label, "+".join(inst.devices))
         return res, inst, None
-    profile_time_s = float(res.sim.time_s)
     measured: dict[str, dict[str, float]] = {d: {} for d in inst.devices}
-    here = inst
+    here, stable, r = inst, False, 0
     for r in range(1, rounds + 1):
         timing = _measure_into(measured, captured, here, res.schedule, repeats, warmup)
         here = with_context_costs(inst, measured)
-        seen = (timing.step_s, timing.plain_step_s)
         again = run_strategy(name, here, settings, warm_start, label, status_line)
-        if _fits(again) and _same(again.schedule, res.schedule, inst):
-            log.info("%s: stable after %d round(s) in context", label, r)
-            return again, here, ContextRounds(r, True, profile_time_s, *seen)
         if not _fits(again):  # keep the schedule that fits, costed in its own context
             log.info("%s: round %d in context found no schedule that fits", label, r)
-            return _resimulated(res, here), here, ContextRounds(r, False, profile_time_s, *seen)
+            break
+        if _same(again.schedule, res.schedule, inst):
+            log.info("%s: stable after %d round(s) in context", label, r)
+            res, stable = again, True
+            break
         log.info(
             "%s: round %d in context changed the schedule (%.2f -> %.2f ms predicted)",
             label,
@@ -99,10 +99,14 @@ def solve_in_context(
             again.sim.time_s * 1e3,
         )
         res = again
-    timing = _measure_into(measured, captured, here, res.schedule, repeats, warmup)
-    here = with_context_costs(inst, measured)
-    seen = (timing.step_s, timing.plain_step_s)
-    return _resimulated(res, here), here, ContextRounds(rounds, False, profile_time_s, *seen)
+    else:  # no stable schedule: the last one is timed in its own context, not solved again
+        timing = _measure_into(measured, captured, here, res.schedule, repeats, warmup)
+        here = with_context_costs(inst, measured)
+    if not stable:
+        res = _resimulated(res, here)
+    profile_time_s = float(simulate(inst, res.schedule, check_budget=False).time_s)
+    done = ContextRounds(r, stable, profile_time_s, timing.step_s, timing.plain_step_s)
+    return res, here, done
 
 
 def _measure_into(measured, captured, inst, sched, repeats, warmup) -> ContextTiming:

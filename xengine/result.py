@@ -134,6 +134,8 @@ class RunRow:
     context_rounds: int | None = None
     context_stable: bool | None = None
     context_plain_time_s: float | None = None  # a plain step beside the last timing in context
+    # device -> node -> seconds: the costs the prediction used where they are not graph.json's
+    context_cost_s: dict[str, dict[str, float]] | None = field(default=None, repr=False)
     measured_time_s: float | None = None
     measured_peak_bytes: tuple[int, ...] | None = None
     fixed_bytes: int | None = None

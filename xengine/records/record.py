@@ -92,6 +92,8 @@ def record_row(tracker: Tracker, row: RunRow) -> None:
         tracker.json_artifact(row.result.schedule.to_json(), f"schedules/{row.label}.json")
     if row.result is not None and row.result.sim is not None:
         tracker.text_artifact(memory_csv(row.result.sim, row.devices), f"memory/{row.label}.csv")
+    if row.context_cost_s:  # what the row's prediction used: graph.json's costs, re-measured
+        tracker.json_artifact(row.context_cost_s, f"costs/{row.label}.json")
 
 
 def memory_csv(sim: Any, devices: tuple[str, ...]) -> str:
