@@ -9,16 +9,18 @@ two devices each single-device strategy runs on each device alone with the total
 XEngine joins), each solved in context (:func:`xengine.refine.solve_in_context`: its schedule
 timed in its own steps, solved again on those costs until stable, ``--rounds`` at most).
 
-Then every distinct schedule that fits, keep-everything included, is compiled once and
-measured in rounds: each round runs a plain PyTorch step and then every schedule once, in an
-order that rotates from round to round, so the machine's drift hits all of them alike. Per
-schedule: the median step time, its noise (half the interquartile range over the median), and
-the error of two predictions against the median: the simulator's on the keep-everything
-profile alone (``profile_err_pct``) and in context (``err_pct``, what ``run.py`` reports). The
-machine's speed drifts between the timing in context and the measurement; ``norm_err_pct``
-removes that drift by comparing step times in units of a plain step measured beside each
-(the plain step timed with the context timing, against the plain step of the measuring
-rounds).
+Each budget is solved and then measured at once (the prediction as close in time to its
+measurement as in ``run.py``, which executes a schedule right after solving it): every
+distinct schedule that fits, keep-everything included, is compiled once and run in pairs of a
+plain PyTorch step and one step of the schedule (2 pairs of warm-up, then
+``--measure-rounds``). Per schedule: the median step time, its noise (half the interquartile
+range over the median), the median ratio to the plain step beside it, and the error of two
+predictions against the median: the simulator's on the keep-everything profile alone
+(``profile_err_pct``) and in context (``err_pct``, what ``run.py`` reports). This VM's speed
+drifts by more than 10 % within minutes (the plain step's median moves from one budget's
+measurement to the next), so ``norm_err_pct`` also compares in units of a plain step measured
+beside each: the prediction over the plain step timed with the context timing, against the
+measured ratio.
 
 Writes ``results/time_fidelity/time_fidelity.csv`` (one row per strategy, net, devices and
 budget), ``summary.csv`` (per net and devices: keep-everything over plain, the worst and
@@ -158,8 +160,10 @@ def solve_all(cap, graph, devices, budgets_pct, strategies, settings, rounds) ->
 
 
 def measure(cap, entries: list[Entry], device: str, rounds: int, warmup: int) -> dict:
-    """Interleaved rounds (module docstring): per schedule key its step times, and the plain
-    step's under ``"pytorch"``."""
+    """Per distinct schedule, ``warmup + rounds`` pairs of a plain PyTorch step and one step
+    of the schedule, back to back as a training loop runs it (a schedule's own caches warm,
+    as in ``run.py``'s execution and the timing in context): its step times, and the plain
+    steps beside them, under the schedule's key and ``"<key>|pytorch"``."""
     exes: dict[str, CompiledSchedule] = {}
     for e in entries:
         if e.sched is None:
@@ -168,21 +172,17 @@ def measure(cap, entries: list[Entry], device: str, rounds: int, warmup: int) ->
         e.key = f"{e.devices}|{hash(what)}"
         if e.key not in exes:
             exes[e.key] = CompiledSchedule(cap, e.inst, e.sched)
-    plain = PlainStep(cap, device)
-    times: dict[str, list[float]] = {k: [] for k in [*exes, "pytorch"]}
-    keys = list(exes)
-    for r in range(warmup + rounds):
-        order = keys[r % max(len(keys), 1) :] + keys[: r % max(len(keys), 1)]
-        dt = plain.step()[0]
-        if r >= warmup:
-            times["pytorch"].append(dt)
-        for k in order:
-            dt = exes[k].step()[0]
-            if r >= warmup:
-                times[k].append(dt)
-    for exe in exes.values():
-        exe.close()
-    plain.close()
+    times: dict[str, list[float]] = {}
+    with PlainStep(cap, device) as plain:
+        for key, exe in exes.items():
+            mine, beside = times.setdefault(key, []), times.setdefault(f"{key}|pytorch", [])
+            with exe:
+                for r in range(warmup + rounds):
+                    dt_plain = plain.step()[0]
+                    dt = exe.step()[0]
+                    if r >= warmup:
+                        mine.append(dt)
+                        beside.append(dt_plain)
     return times
 
 
@@ -211,8 +211,6 @@ def one_net(net: str, devices: tuple[str, ...], args, settings: SolveSettings) -
 def _measured_rows(cap, graph, entries: list[Entry], devices, args, size) -> list[dict]:
     batch, image = size
     times = measure(cap, entries, devices[0], args.measure_rounds, 2)
-    plain_ts = times["pytorch"]
-    plain_s = statistics.median(plain_ts)
     rows = []
     for e in entries:
         row = {
@@ -224,11 +222,11 @@ def _measured_rows(cap, graph, entries: list[Entry], devices, args, size) -> lis
             "budget_pct": e.budget_pct,
             "strategy": e.label,
             "status": e.status,
-            "plain_ms": round(plain_s * 1e3, 3),
-            "plain_noise_pct": round(_noise(plain_ts) * 100, 2),
         }
         if e.key:
-            ts = times[e.key]
+            ts, plain_ts = times[e.key], times[f"{e.key}|pytorch"]
+            row["plain_ms"] = round(statistics.median(plain_ts) * 1e3, 3)
+            row["plain_noise_pct"] = round(_noise(plain_ts) * 100, 2)
             meas = statistics.median(ts)
             ratio = statistics.median(t / p for t, p in zip(ts, plain_ts, strict=True))
             row.update(
