@@ -39,6 +39,8 @@ def test_every_instruction_is_counted_once():
     refined = with_context_costs(inst, timing.cost_s)
     assert simulate(refined, sched).time_s == pytest.approx(timing.step_s, rel=1e-9)
     assert timing.plain_step_s is not None and timing.plain_step_s > 0
+    # the step time is at the plain steps' median speed: their median times the median ratio
+    assert timing.step_s == pytest.approx(timing.over_plain * timing.plain_step_s, rel=1e-12)
     # every compute of the program is marked: one mark per compute op or fused pass
     with CompiledSchedule(cap, inst, sched) as exe:
         marks = [key for _, key, _, _ in _marked_program(exe) if key]

@@ -63,14 +63,17 @@ def solve_in_context(
     rounds: int,
     repeats: int = 5,
     warmup: int = 2,
+    min_s: float = 3.0,
     warm_start: Schedule | None = None,
     label: str | None = None,
     status_line: bool = False,
 ) -> tuple[StrategyResult, Instance, ContextRounds | None]:
     """Run strategy ``name`` (:func:`run_strategy`), then refine it in context for up to
-    ``rounds`` rounds (module docstring). Returns the result, the instance whose costs its
-    prediction used, and the rounds (None: not refined: ``rounds`` is 0, no captured model,
-    a CUDA device in the mix, or no schedule that fits)."""
+    ``rounds`` rounds (module docstring); each timing in context is at least ``repeats``
+    steps after ``warmup`` and at least ``min_s`` seconds of them (25 steps at most).
+    Returns the result, the instance whose costs its prediction used, and the rounds (None:
+    not refined: ``rounds`` is 0, no captured model, a CUDA device in the mix, or no schedule
+    that fits)."""
     label = label or name
     res = run_strategy(name, inst, settings, warm_start, label, status_line)
     if rounds <= 0 or captured is None or not _fits(res):
@@ -81,7 +84,7 @@ def solve_in_context(
     measured: dict[str, dict[str, float]] = {d: {} for d in inst.devices}
     here, stable, r = inst, False, 0
     for r in range(1, rounds + 1):
-        timing = _measure_into(measured, captured, here, res.schedule, repeats, warmup)
+        timing = _measure_into(measured, captured, here, res.schedule, (repeats, warmup, min_s))
         here = with_context_costs(inst, measured)
         again = run_strategy(name, here, settings, warm_start, label, status_line)
         if not _fits(again):  # keep the schedule that fits, costed in its own context
@@ -100,7 +103,7 @@ def solve_in_context(
         )
         res = again
     else:  # no stable schedule: the last one is timed in its own context, not solved again
-        timing = _measure_into(measured, captured, here, res.schedule, repeats, warmup)
+        timing = _measure_into(measured, captured, here, res.schedule, (repeats, warmup, min_s))
         here = with_context_costs(inst, measured)
     if not stable:
         res = _resimulated(res, here)
@@ -109,8 +112,9 @@ def solve_in_context(
     return res, here, done
 
 
-def _measure_into(measured, captured, inst, sched, repeats, warmup) -> ContextTiming:
-    timing = time_in_context(captured, inst, sched, repeats, warmup)
+def _measure_into(measured, captured, inst, sched, steps) -> ContextTiming:
+    repeats, warmup, min_s = steps
+    timing = time_in_context(captured, inst, sched, repeats, warmup, min_s=min_s)
     for d, table in timing.cost_s.items():
         measured[d].update(table)
     return timing

@@ -15,6 +15,14 @@ copies are timed apart (the copy model stays the profile's). A node computed sev
 costs the mean of its computations, so that the simulator's sum over the schedule is the
 measured sum. The median over ``repeats`` steps is taken.
 
+The marks themselves cost time (a clock read and a record per instruction, a few percent of a
+step of many small ops), so each marked step is followed by an unmarked step of the same
+compiled schedule and by a plain PyTorch step, and the per-node costs are scaled to the
+unmarked steps. This machine's speed drifts by 10-30 % within minutes and a step's time
+correlates with the next one's, so the step time is taken as the median ratio of each unmarked
+step to the plain step beside it, times the plain steps' median: the schedule's time at the
+machine's median speed over the timing, not at whichever speed its own steps happened to meet.
+
 CPU devices only: on CUDA each mark would need a synchronisation or an event per
 instruction; a mix with a CUDA device keeps the profile's costs (the caller says so).
 """
@@ -41,13 +49,15 @@ def supports(inst: Instance) -> bool:
 @dataclass(frozen=True)
 class ContextTiming:
     """A schedule timed in its own steps: ``cost_s[device][node]`` seconds per computation;
-    ``step_s``, the median over the steps of the timed instructions' sum; ``plain_step_s``,
-    the median of plain PyTorch steps run between them (the machine's speed at that moment:
-    what a measured step time is compared with later)."""
+    ``step_s``, the schedule's unmarked step time (module docstring); ``plain_step_s``, the
+    median of plain PyTorch steps run between them (the machine's speed at that moment: what a
+    measured step time is compared with later); ``over_plain``, the median ratio of the
+    unmarked steps to the plain steps beside them (None without plain steps)."""
 
     cost_s: dict[str, dict[str, float]]
     step_s: float
     plain_step_s: float | None
+    over_plain: float | None = None
 
 
 def time_in_context(
@@ -57,14 +67,20 @@ def time_in_context(
     repeats: int = 5,
     warmup: int = 2,
     plain: bool = True,
+    min_s: float = 0.0,
+    most: int = 25,
 ) -> ContextTiming:
     """Every node the schedule computes, timed inside the schedule's own steps (module
-    docstring), ``warmup + repeats`` steps, each followed by a plain step (``plain``).
+    docstring), ``warmup`` steps and then at least ``repeats``, more until they took
+    ``min_s`` seconds (``most`` at most: a short step is as noisy as a long one, and its
+    median needs as many of them), each followed by an unmarked step and a plain step
+    (``plain``).
 
     Per node the median over the steps is taken, and all of them are then scaled by one
-    factor so that their sum is the median step's sum: the rare slow instruction (a page
-    fault, a garbage collection) hits another node in every step, so per-node medians alone
-    miss it, while a step pays for it."""
+    factor so that their sum is the unmarked step time (less its copies' share): the rare
+    slow instruction (a page fault, a garbage collection) hits another node in every step, so
+    per-node medians alone miss it, while a step pays for it; and the marks' own cost is not
+    the schedule's."""
     from xengine.execute.executor import CompiledSchedule, PlainStep
 
     if repeats < 1 or warmup < 0:
@@ -73,16 +89,22 @@ def time_in_context(
         raise ValueError(f"time_in_context runs on CPU devices only, not {list(inst.devices)}")
     g = inst.graph
     samples: dict[tuple[str, int], list[float]] = defaultdict(list)
-    totals: list[float] = []
+    unmarked_s: list[float] = []
+    computing: list[float] = []  # the share of a marked step that is not copies
     plain_s: list[float] = []
     ref = PlainStep(captured, inst.devices[0]) if plain else None
     with CompiledSchedule(captured, inst, sched) as exe:
         program = _marked_program(exe)
-        for r in range(warmup + repeats):
-            spans = _one_step(exe, program)
+        spent_s, r = 0.0, 0
+        while r < warmup + repeats or (spent_s < min_s and r < warmup + most):
+            t0 = time.perf_counter()
+            spans, marked_s = _one_step(exe, program)
+            dt_step = exe.step()[0]
             dt_plain = ref.step()[0] if ref is not None else None
-            if r < warmup:
+            r += 1
+            if r <= warmup:
                 continue
+            spent_s += time.perf_counter() - t0
             total: dict[tuple[str, int], float] = defaultdict(float)
             count: dict[tuple[str, int], int] = defaultdict(int)
             for key, dt, new in spans:
@@ -90,7 +112,8 @@ def time_in_context(
                 count[key] += new
             for key, t in total.items():
                 samples[key].append(t / max(count[key], 1))
-            totals.append(sum(total.values()))
+            unmarked_s.append(dt_step)
+            computing.append(sum(total.values()) / marked_s if marked_s > 0 else 1.0)
             if dt_plain is not None:
                 plain_s.append(dt_plain)
         exe.rt.reset()
@@ -100,12 +123,21 @@ def time_in_context(
     medians = {key: statistics.median(ts) for key, ts in samples.items()}
     counts = dict(count)  # the same in every step
     summed = sum(medians[k] * max(counts.get(k, 1), 1) for k in medians)
-    step_s = float(statistics.median(totals))
-    scale = step_s / summed if summed > 0 else 1.0
+    plain_step_s = over_plain = None
+    if plain_s:
+        plain_step_s = float(statistics.median(plain_s))
+        over_plain = float(
+            statistics.median(a / b for a, b in zip(unmarked_s, plain_s, strict=True))
+        )
+        step_s = over_plain * plain_step_s
+    else:
+        step_s = float(statistics.median(unmarked_s))
+    # the copies keep the profile's model, so the computes get the rest of the step
+    scale = step_s * statistics.median(computing) / summed if summed > 0 else 1.0
     out: dict[str, dict[str, float]] = {d: {} for d in inst.devices}
     for (d, v), t in medians.items():
         out[d][g.nodes[v].name] = float(t * scale)
-    return ContextTiming(out, step_s, float(statistics.median(plain_s)) if plain_s else None)
+    return ContextTiming(out, step_s, plain_step_s, over_plain)
 
 
 def _marked_program(exe) -> list[tuple]:
@@ -123,10 +155,13 @@ def _marked_program(exe) -> list[tuple]:
     return out
 
 
-def _one_step(exe, program: list[tuple] | None = None) -> list[tuple[tuple[str, int], float, int]]:
-    """One step of ``exe`` with a mark at every instruction: ``(device, node)`` of the
-    compute each interval belongs to, its seconds, and 1 where a computation starts (0 for a
-    second interval of the same one). Copy intervals are left out."""
+def _one_step(
+    exe, program: list[tuple] | None = None
+) -> tuple[list[tuple[tuple[str, int], float, int]], float]:
+    """One step of ``exe`` with a mark at every instruction: per interval, ``(device, node)``
+    of the compute it belongs to, its seconds, and 1 where a computation starts (0 for a
+    second interval of the same one), copy intervals left out; and the marked program's
+    seconds, copies included."""
     rt = exe.rt
     program = program if program is not None else _marked_program(exe)
     exe._restore()
@@ -156,11 +191,12 @@ def _one_step(exe, program: list[tuple] | None = None) -> list[tuple[tuple[str, 
         rt.clock = None
     if rt.live_count():
         raise RuntimeError(f"executor: {rt.live_count()} registers alive after the step")
-    return [
+    spans = [
         (key, b - a, new)
         for (key, a, new), (_, b, _) in zip(marks, marks[1:], strict=False)
         if key is not None
     ]
+    return spans, marks[-1][1] - marks[0][1]
 
 
 def with_context_costs(inst: Instance, measured: dict[str, dict[str, float]]) -> Instance:
