@@ -588,6 +588,25 @@ def test_tiny_net_end_to_end(tmp_path, store):
     assert "grads match" in proc.stdout
 
 
+def test_the_terminal_shows_no_torch_cpp_lines(tmp_path, store):
+    """A run that captures, profiles and measures memory under torch.profiler: stderr has
+    our lines only, none of kineto's status lines or c10's allocator warning (issue 31)."""
+    proc = run_cli(
+        tmp_path,
+        "net=tiny",
+        "mem=80%",
+        "strategy=[chen_sqrtn]",
+        "n_steps=1",
+        "profile.repeats=1",
+        "profile.context_rounds=0",
+        "profile.progress=false",
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    for cpp in ("Memory block of unknown size", "USDT:", "STAGE:", "profiler_st"):
+        assert cpp not in proc.stderr, proc.stderr
+
+
 # ------------------------------------------------------------ any torchvision model by name
 def test_a_torchvision_model_without_a_file_is_taken_by_name():
     from xengine.commandline import prepare_argv, run_config_from
