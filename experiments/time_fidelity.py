@@ -84,7 +84,7 @@ NETS = {
     "mobilenet_v2": (2, 64),
     "gpt2_small": (2, 64),
     "shufflenet_v2_x0_5": (2, 128),
-    "vit_b_16": (2, 64),
+    "vit_b_16": (4, 96),
     "squeezenet1_1": (2, 96),
     "mnasnet0_5": (2, 96),
     "regnet_x_400mf": (2, 64),
