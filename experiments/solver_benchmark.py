@@ -615,7 +615,8 @@ def write_traces(rows: list[dict], path: Path) -> int:
     return n
 
 
-def _parse(v: str):
+def parse_cell(v: str):
+    """A CSV cell as written: None, bool, int, float or the string."""
     if v == "":
         return None
     if v in ("True", "False"):
@@ -633,12 +634,12 @@ def read_run(out: Path) -> list[dict]:
     trace from ``traces.csv``, so runs made side by side in separate processes (one per
     core) can be merged into one table and one set of figures (``--merge``)."""
     with (out / "solver_benchmark.csv").open() as fh:
-        rows = [{k: _parse(v) for k, v in r.items()} for r in csv.DictReader(fh)]
+        rows = [{k: parse_cell(v) for k, v in r.items()} for r in csv.DictReader(fh)]
     traces: dict[tuple, list[tuple]] = {}
     if (out / "traces.csv").exists():
         with (out / "traces.csv").open() as fh:
             for t in csv.DictReader(fh):
-                t = {k: _parse(v) for k, v in t.items()}
+                t = {k: parse_cell(v) for k, v in t.items()}
                 traces.setdefault(tuple(t[k] for k in TRACE_FIELDS[:6]), []).append(
                     (float(t["elapsed_s"]), t["incumbent_s"], t["bound_s"])
                 )

@@ -61,6 +61,7 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from experiments.solver_benchmark import parse_cell  # noqa: E402
 from xengine.execute.executor import CompiledSchedule, PlainStep  # noqa: E402
 from xengine.problem import Instance  # noqa: E402
 from xengine.profile.profiler import apply_profile, profile_model  # noqa: E402
@@ -464,7 +465,7 @@ def _load(path: Path) -> list[dict]:
     rows = []
     with open(path, newline="") as f:
         for raw in csv.DictReader(f):
-            row = {k: _typed(v) for k, v in raw.items() if v not in ("", None)}
+            row = {k: parse_cell(v) for k, v in raw.items() if v not in ("", None)}
             if "meas_ms" in row and "plain_device" not in row:
                 job = row["strategy"].rpartition(".")[2] if "." in row["strategy"] else ""
                 first = row["devices"].split("+")[0]
@@ -476,17 +477,6 @@ def _load(path: Path) -> list[dict]:
                 row["time_se_pct"] = round(se, 2)
             rows.append(row)
     return rows
-
-
-def _typed(v: str):
-    if v in ("True", "False"):
-        return v == "True"
-    for kind in (int, float):
-        try:
-            return kind(v)
-        except ValueError:
-            pass
-    return v
 
 
 def _write(rows: list[dict], out: Path, final: bool = False) -> None:
