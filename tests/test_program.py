@@ -11,7 +11,7 @@ import torch
 from _nets import costed, resnet18_small, tiny
 from _schedules import checkpoint_schedule, forward_devices
 
-from xengine.execute.executor import CompiledSchedule, execute
+from xengine.execute.executor import CompiledSchedule, _cpu_peaks_flat, execute
 from xengine.execute.program import backward_node, compile_plan
 from xengine.problem import Instance
 from xengine.schedule import Schedule, keep_all_schedule
@@ -99,6 +99,42 @@ def test_compiled_step_equals_the_interpreted_one():
         # same allocator peak to the byte, up to the 8 bytes of autograd's root stand-in
         assert abs(a.peak_bytes["cpu"] - b.peak_bytes["cpu"]) <= 64, (name, a.peak_bytes, b)
         assert abs(a.peak_bytes["cpu"] - a.predicted_peak_bytes["cpu"]) <= 64, name
+
+
+def _flat_peak_and_grads(exe: CompiledSchedule, labelled: bool):
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
+    ) as prof:
+        exe.run(labelled=labelled)
+    peak = _cpu_peaks_flat(prof, ["cpu"])["cpu"]
+    grads = [g.clone() for g in exe.rt.grad_buffers]
+    return peak, exe.rt.loss_value.item(), grads
+
+
+def test_the_timed_program_does_what_the_labelled_one_does():
+    """A timed step replays the program with native forward runs merged (fast_program): the
+    same instructions in the same order, so the same loss, gradients and allocator peak as
+    the per-instruction program that the memory profile labels."""
+    cap = resnet18_small()
+    inst = single(cap)
+    scheds = {
+        "keep_all": keep_all_schedule(inst),
+        "checkpoints": checkpoint_schedule(inst, keep=set(range(0, cap.n_forward, 4))),
+    }
+    for name, sched in scheds.items():
+        with CompiledSchedule(cap, inst, sched) as exe:
+            merged = [fn for fn in exe.fast if getattr(fn, "func", None) == exe.rt.run_native]
+            assert merged, name
+            if name == "keep_all":  # all of its forward computes are native: one run
+                assert len(merged) == 1 and len(exe.fast) < len(exe.program) / 2
+            exe.run()  # the first timed run decides which outputs are cloned
+            # (the first step under the profiler sees the previous step's loss freed)
+            _flat_peak_and_grads(exe, labelled=True)
+            fast = _flat_peak_and_grads(exe, labelled=False)
+            each = _flat_peak_and_grads(exe, labelled=True)
+        assert fast[0] == each[0], (name, fast[0], each[0])
+        assert fast[1] == each[1], name
+        assert all(torch.equal(a, b) for a, b in zip(fast[2], each[2], strict=True)), name
 
 
 def test_two_devices_fuse_per_device_and_match_the_interpreted_step():

@@ -48,6 +48,7 @@ from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import partial
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -216,6 +217,9 @@ class _Tap(torch.autograd.Function):
         return None, None, None
 
 
+_NO_ENTRIES: Any = MappingProxyType({})
+
+
 class _State:
     """A forward op's autograd state: the gradient edge of its output (``None`` when the output
     needs no gradient), those of its tapped inputs (the taps are emptied), and the saved
@@ -229,6 +233,17 @@ class _State:
         self.boxes: dict[int, list] = {}  # input -> where its tap puts the gradient
         self.lookups: list[_Saved] = []
         self.extras: list[_Saved] = []
+
+    @classmethod
+    def native(cls, out_edge: Any) -> _State:
+        """The state of a native forward compute (``program.Plan.native``): autograd keeps its
+        saved tensors and it has no taps, so its containers stay empty and are shared (making
+        four per node was a measurable part of a small op's step, issue 28)."""
+        state = cls.__new__(cls)
+        state.out_edge = out_edge
+        state.edges = state.boxes = _NO_ENTRIES
+        state.lookups = state.extras = ()
+        return state
 
     def drop(self) -> None:
         """Free what only this state holds (its ``grad_fn`` may outlive it: a consumer's
@@ -446,19 +461,51 @@ class _Runtime:
         if spec.stochastic or spec.mutates_buffers:
             self.first_fwd_device[v] = d
         y = self.run_fns[d][v](ins, self.x[d])
-        out_ptr = y.untyped_storage().data_ptr()
-        if out_ptr in self.fixed_ptrs[d] or any(
-            out_ptr == t.untyped_storage().data_ptr() for t in ins
-        ):
+        if _shares_storage(y, ins, self.fixed_ptrs[d]):
             y = y.clone()
         if self.g.state_reader[v] >= 0:
-            self.state[d][v] = _State(
+            self.state[d][v] = _State.native(
                 GradientEdge(y.grad_fn, y.output_nr) if y.requires_grad else None
             )
         reg[v] = y
         self.first_done.add(v)
         if self.transient[d]:
             self.transient[d].clear()
+
+    def run_native(self, run: NativeRun) -> None:
+        """A run of native forward computes and frees on one device, as :meth:`compute_native`
+        and :meth:`free` do them one by one, in one loop with everything looked up once: the
+        Python around each small op, not the op, was most of what keep-everything paid above
+        a plain step (issue 28). Whether an op's output shares its inputs' storage is decided
+        at its first run and kept (the replayed step gives every op the same layouts)."""
+        d = run.device
+        self._set_threads(d)
+        reg, states, fns, x = self.reg[d], self.state[d], self.run_fns[d], self.x[d]
+        transient, fixed, clones = self.transient[d], self.fixed_ptrs[d], run.clones
+        for k, (v, what, inputs) in enumerate(run.steps):
+            if what is _FREE:
+                if reg[v] is None:
+                    self.free(v, d)  # the general path: its errors, the released logits
+                else:
+                    reg[v] = None
+                continue
+            ins = [reg[u] if reg[u] is not None else self.provided(d, u) for u in inputs]
+            y = fns[v](ins, x)
+            clone = clones[k]
+            if clone is None:
+                clone = clones[k] = _shares_storage(y, ins, fixed)
+            if clone:
+                y = y.clone()
+            if what is _KEEPS_STATE:
+                edge = GradientEdge(y.grad_fn, y.output_nr) if y.requires_grad else None
+                states[v] = _State.native(edge)
+            reg[v] = y
+            ins = y = None  # a free that follows must free, as after compute_native
+            if transient:
+                transient.clear()
+        self.first_done.update(run.computed)
+        for v in run.marked:
+            self.first_fwd_device[v] = d
 
     # ---------------------------------------------------------------- node runners
     def _forward(
@@ -699,21 +746,18 @@ class _Runtime:
         freed after the pass."""
         d = grp.device
         self._set_threads(d)
-        states: list[_State] = []
-        seen: set[int] = set()
-        root_grad = None
-        for k, c in enumerate(grp.computes):
-            v, state = self._state_for(c.node, d)
-            states.append(state)
-            contrib = self._contributions(v, d, c.internal)
-            if k == 0:
-                if not contrib:
-                    raise RuntimeError(f"executor: no gradient reaches {self.ops[v].name}")
-                root_grad = self._summed(contrib)
-                seen.update(storage_ptr(t) for t in contrib)
-            elif contrib:
-                raise RuntimeError(f"executor: {self.ops[v].name} is fused but reads a register")
-            self.first_done.add(c.node)
+        held = self.state[d]
+        states = [held[c.fwd] or self._state_for(c.node, d)[1] for c in grp.computes]
+        # only the root reads registers (the others' gradients all flow inside the pass:
+        # checked once, by _group_program)
+        head = grp.computes[0]
+        contrib = self._contributions(head.fwd, d, head.internal)
+        if not contrib:
+            raise RuntimeError(f"executor: no gradient reaches {self.ops[head.fwd].name}")
+        root_grad = self._summed(contrib)
+        seen = {storage_ptr(t) for t in contrib}
+        del contrib  # the registers are freed before the pass (autograd holds the root's)
+        self.first_done.update(c.node for c in grp.computes)
         root = states[0].out_edge
         # autograd's root node would hold the root gradient for the whole pass: it gets a
         # stand-in, and a pre-hook hands the real one over when the first node runs
@@ -745,15 +789,45 @@ class _Runtime:
             for h in hooks:
                 h.remove()
             feed.clear()
+        reg = self.reg[d]
         for c, state in zip(grp.computes, states, strict=True):
-            gs = [state.boxes[u].pop() if state.boxes[u] else None for u in c.materialize]
             out: dict[int, torch.Tensor] = {}
-            self._store_gradients(self.ops[c.fwd], c.materialize, gs, d, seen, out)
-            self.reg[d][c.node] = out
+            if c.materialize:
+                gs = [state.boxes[u].pop() if state.boxes[u] else None for u in c.materialize]
+                self._store_gradients(self.ops[c.fwd], c.materialize, gs, d, seen, out)
+            reg[c.node] = out
         watch.finish()
 
 
 Action = tuple[str, int, str]  # (free | free_state, node, device)
+
+_FREE, _KEEPS_STATE, _NO_STATE = "free", "keeps state", "no state"
+
+
+class NativeRun:
+    """Consecutive native forward computes (``program.Plan.native``) and frees on one device,
+    run by :meth:`_Runtime.run_native` in one loop. ``steps``: ``(node, what, inputs)`` with
+    ``what`` one of ``_FREE``, ``_KEEPS_STATE`` (its state is read by a backward node) and
+    ``_NO_STATE``; ``clones``: per step, whether its output must be cloned (``None`` until its
+    first run); ``computed``, ``marked``: the nodes it computes, and those of them whose device
+    is remembered (stochastic, or updating buffers)."""
+
+    __slots__ = ("device", "steps", "clones", "computed", "marked")
+
+    def __init__(self, device: str, steps: list[tuple[int, str, tuple[int, ...]]], rt) -> None:
+        self.device, self.steps = device, tuple(steps)
+        self.clones: list[bool | None] = [None] * len(steps)
+        self.computed = tuple(v for v, what, _ in steps if what is not _FREE)
+        self.marked = tuple(
+            v for v in self.computed if rt.ops[v].stochastic or rt.ops[v].mutates_buffers
+        )
+
+
+def _shares_storage(y: torch.Tensor, ins: Sequence[Any], fixed: set[int] | frozenset) -> bool:
+    """Whether an op's output shares storage with one of its inputs or with a parameter, buffer
+    or batch tensor: then it is cloned, as every node owns its output (a free must free it)."""
+    out_ptr = y.untyped_storage().data_ptr()
+    return out_ptr in fixed or any(out_ptr == t.untyped_storage().data_ptr() for t in ins)
 
 
 @dataclass(frozen=True)
@@ -852,8 +926,18 @@ def _recomputed(ops: Sequence[Op]) -> set[int]:
 
 
 def _do(rt: _Runtime, actions: Sequence[Action]) -> None:
+    """Frees in order; a held value register is dropped here, the rest (a state, the released
+    logits, an error) take the runtime's own path (a group's end frees every node it ran)."""
+    regs = rt.reg
     for kind, node, dev in actions:
-        (rt.free_state if kind == "free_state" else rt.free)(node, dev)
+        if kind == "free":
+            reg = regs[dev]
+            if reg[node] is not None:
+                reg[node] = None
+            else:
+                rt.free(node, dev)
+        else:
+            rt.free_state(node, dev)
 
 
 def _infer_loss(y: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -1084,6 +1168,40 @@ def compile_program(rt: _Runtime, ops: Sequence[Op], fuse: bool = True) -> list[
     return program
 
 
+def fast_program(rt: _Runtime, program: list[tuple[Any, str]]) -> list[Any]:
+    """The program a timed step replays: ``program`` (:func:`compile_program`) with each run of
+    native forward computes, and the frees on their device between and after them, as one
+    :class:`NativeRun`. Same instructions in the same order, so the same memory timeline; the
+    per-instruction program stays for what labels or marks every instruction (the memory
+    profile, the timing in context)."""
+    out: list[Any] = []
+    steps: list[tuple[int, str, tuple[int, ...]]] = []
+    device = ""
+
+    def flush() -> None:
+        if steps:
+            out.append(partial(rt.run_native, NativeRun(device, steps, rt)))
+            steps.clear()
+
+    readers = rt.g.state_reader
+    for fn, _ in program:
+        func = getattr(fn, "func", None)
+        if func == rt.compute_native:
+            v, d = fn.args
+            if d != device:
+                flush()
+                device = d
+            what = _KEEPS_STATE if readers[v] >= 0 else _NO_STATE
+            steps.append((v, what, tuple(rt.ops[v].inputs)))
+        elif func == rt.free and steps and fn.args[1] == device:
+            steps.append((fn.args[0], _FREE, ()))
+        else:
+            flush()
+            out.append(fn)
+    flush()
+    return out
+
+
 def _group_program(rt: _Runtime, ops: Sequence[Op], plan: Plan, grp: Group) -> GroupProgram:
     """Resolve a group: per compute its internal and materialised gradients, and every free
     in its span sorted into ``start``, ``unpacked``, ``after`` and ``end`` (GroupProgram)."""
@@ -1142,6 +1260,9 @@ def _group_program(rt: _Runtime, ops: Sequence[Op], plan: Plan, grp: Group) -> G
         v = fwd_of[b]
         internal = frozenset(fwd_of[ops[k].node] for k in grp.computes if (k, v) in plan.internal)
         materialize = tuple(u for u in rt.ops[v].grad_inputs if (j, u) not in plan.internal)
+        reads_register = v == nf - 1 or any(w not in internal for w in rt.grad_consumers[v])
+        if computes and reads_register:  # program.py starts a group at such a compute
+            raise RuntimeError(f"executor: {rt.ops[v].name} is fused but reads a register")
         computes.append(ComputeInGroup(b, v, internal, materialize, tuple(after[j])))
     return GroupProgram(d, tuple(computes), tuple(start), frozenset(unpacked), tuple(end))
 
@@ -1181,6 +1302,7 @@ class CompiledSchedule:
         ]
         self._threads0 = torch.get_num_threads()
         self.program = compile_program(rt, self.sim.ops, fuse=fuse)
+        self.fast = fast_program(rt, self.program)
 
     def __enter__(self) -> CompiledSchedule:
         return self
@@ -1210,7 +1332,7 @@ class CompiledSchedule:
                 with torch.profiler.record_function(label):
                     fn()
         else:
-            for fn, _ in self.program:
+            for fn in self.fast:
                 fn()
         if rt.live_count():
             raise RuntimeError(f"executor: {rt.live_count()} registers alive after the step")

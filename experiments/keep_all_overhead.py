@@ -1,0 +1,154 @@
+"""Keep-everything against a plain PyTorch step, on every net of the time-fidelity benchmark
+(issue 28: "keep-everything <= 1.05x a plain step on every net").
+
+Keep-everything recomputes nothing and keeps what a plain step keeps (its measured peak is a
+plain step's), so what it costs above a plain step is the executor's own: the Python around
+each instruction, the loss and its gradient computed apart from the backward pass, the
+bookkeeping of registers. Nets of many small ops show it most.
+
+Per net (``experiments/time_fidelity.py``'s table of sizes, one CPU device with all threads):
+capture, compile the keep-everything schedule, then pairs of a plain step and a step of the
+schedule, back to back (2 pairs of warm-up, then at least ``--pairs`` pairs and ``--seconds``
+of them): the median of the per-pair ratios with its standard error, and both medians.
+glibc's allocator as ``run.py`` runs it. Writes ``results/keep_all_overhead/keep_all.csv``
+and ``keep_all.png`` (ratio per net with twice its standard error, the 1.05 line).
+
+    python experiments/keep_all_overhead.py                      # the 10 nets, ~5 min
+    python experiments/keep_all_overhead.py --nets resnet18 shufflenet_v2_x0_5
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import logging
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from experiments.time_fidelity import NETS, _median_se  # noqa: E402
+from xengine.execute.executor import CompiledSchedule, PlainStep  # noqa: E402
+from xengine.problem import Instance  # noqa: E402
+from xengine.profile.workspace import capture_net  # noqa: E402
+from xengine.records.plots import save_figure  # noqa: E402
+from xengine.schedule import keep_all_schedule  # noqa: E402
+from xengine.simulate import keep_all_peak_bytes  # noqa: E402
+
+log = logging.getLogger("keep_all_overhead")
+OUT = ROOT / "results" / "keep_all_overhead"
+TARGET = 1.05
+
+
+def measure(net: str, pairs: int, seconds: float, most: int) -> dict:
+    batch, image = NETS[net]
+    cap = capture_net(net, batch, image_size=image)
+    g = cap.graph
+    inst = Instance(g, ("cpu",), (keep_all_peak_bytes(g, "cpu"),))
+    ratios, mine, plain_ts = [], [], []
+    with CompiledSchedule(cap, inst, keep_all_schedule(inst)) as exe, PlainStep(cap) as plain:
+        for _ in range(2):
+            plain.step()
+            exe.step()
+        spent = 0.0
+        while len(ratios) < most and (len(ratios) < pairs or spent < seconds):
+            dt_plain = plain.step()[0]
+            dt = exe.step()[0]
+            ratios.append(dt / dt_plain)
+            mine.append(dt)
+            plain_ts.append(dt_plain)
+            spent += dt + dt_plain
+    return {
+        "net": net,
+        "batch_size": batch,
+        "image_size": image,
+        "nodes": g.size,
+        "forward_ops": cap.n_forward,
+        "keep_all_ms": round(1e3 * statistics.median(mine), 3),
+        "plain_ms": round(1e3 * statistics.median(plain_ts), 3),
+        "ratio": round(statistics.median(ratios), 4),
+        "ratio_se_pct": round(100 * _median_se(ratios), 2),
+        "pairs": len(ratios),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def plot(rows: list[dict], path: Path, commit: str) -> None:
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.8 * len(rows) + 2), 3.8))
+    xs = range(len(rows))
+    ratios = [r["ratio"] for r in rows]
+    errs = [2 * r["ratio"] * r["ratio_se_pct"] / 100 for r in rows]
+    colors = ["tab:green" if r <= TARGET else "tab:red" for r in ratios]
+    ax.bar(xs, [r - 1 for r in ratios], bottom=1, color=colors, yerr=errs, capsize=3)
+    ax.axhline(TARGET, color="k", ls="--", lw=1, label=f"{TARGET:.2f}x (issue 28)")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xticks(list(xs), [f"{r['net']}\n{r['forward_ops']} ops" for r in rows], fontsize=7)
+    ax.set_ylabel("keep-everything / plain step")
+    ax.set_ylim(min(0.95, min(ratios) - 0.02), max(1.2, max(ratios) + 0.05))
+    ax.set_title(
+        "Keep-everything over a plain PyTorch step (median of interleaved pairs, +-2 SE)\n"
+        f"python experiments/keep_all_overhead.py  (commit {commit})",
+        fontsize=9,
+    )
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    save_figure(fig, path)
+
+
+def _commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nets", nargs="+", default=list(NETS), choices=list(NETS))
+    ap.add_argument("--pairs", type=int, default=30, help="pairs per net, at least")
+    ap.add_argument("--seconds", type=float, default=4.0, help="seconds of pairs, at least")
+    ap.add_argument("--most", type=int, default=150, help="pairs per net, at most")
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("xengine").setLevel(logging.WARNING)
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    t0 = time.perf_counter()
+    for k, net in enumerate(args.nets):
+        log.info("[%d/%d] %s (%.0f s so far)", k + 1, len(args.nets), net, time.perf_counter() - t0)
+        rows.append(measure(net, args.pairs, args.seconds, args.most))
+        log.info("%s: keep-everything / plain = %.3f", net, rows[-1]["ratio"])
+        with open(args.out / "keep_all.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    plot(rows, args.out / "keep_all.png", _commit())
+    print(f"{'net':<22} {'keep_all_ms':>11} {'plain_ms':>9} {'ratio':>7} {'se_pct':>7}")
+    for r in rows:
+        print(
+            f"{r['net']:<22} {r['keep_all_ms']:>11.2f} {r['plain_ms']:>9.2f} "
+            f"{r['ratio']:>7.3f} {r['ratio_se_pct']:>7.2f}"
+        )
+    within = sum(r["ratio"] <= TARGET for r in rows)
+    print(f"keep-everything <= {TARGET:.2f}x a plain step on {within} of {len(rows)} nets")
+
+
+if __name__ == "__main__":
+    main()
