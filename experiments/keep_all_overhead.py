@@ -37,6 +37,7 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from experiments.solver_benchmark import parse_cell  # noqa: E402
 from experiments.time_fidelity import NETS, _median_se  # noqa: E402
 from xengine.execute.executor import CompiledSchedule, PlainStep  # noqa: E402
 from xengine.problem import Instance  # noqa: E402
@@ -51,6 +52,7 @@ TARGET = 1.05
 
 
 def measure(net: str, pairs: int, seconds: float, most: int) -> dict:
+    """One net's row: keep-everything and a plain step in interleaved pairs."""
     batch, image = NETS[net]
     cap = capture_net(net, batch, image_size=image)
     g = cap.graph
@@ -84,6 +86,7 @@ def measure(net: str, pairs: int, seconds: float, most: int) -> dict:
 
 
 def plot(rows: list[dict], path: Path, commit: str) -> None:
+    """Ratio per net with twice its standard error, green where it is within the target."""
     fig, ax = plt.subplots(figsize=(max(6.0, 0.8 * len(rows) + 2), 3.8))
     xs = range(len(rows))
     ratios = [r["ratio"] for r in rows]
@@ -92,7 +95,8 @@ def plot(rows: list[dict], path: Path, commit: str) -> None:
     ax.bar(xs, [r - 1 for r in ratios], bottom=1, color=colors, yerr=errs, capsize=3)
     ax.axhline(TARGET, color="k", ls="--", lw=1, label=f"{TARGET:.2f}x (issue 28)")
     ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xticks(list(xs), [f"{r['net']}\n{r['forward_ops']} ops" for r in rows], fontsize=7)
+    labels = [f"{r['net']}\n{r['forward_ops']} ops" for r in rows]
+    ax.set_xticks(list(xs), labels, fontsize=7, rotation=25, ha="right")
     ax.set_ylabel("keep-everything / plain step")
     ax.set_ylim(min(0.95, min(ratios) - 0.02), max(1.2, max(ratios) + 0.05))
     ax.set_title(
@@ -125,21 +129,28 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seconds", type=float, default=4.0, help="seconds of pairs, at least")
     ap.add_argument("--most", type=int, default=150, help="pairs per net, at most")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--replot", action="store_true", help="only the figure, from the CSV in --out")
     args = ap.parse_args(argv)
+    if args.replot:
+        with open(args.out / "keep_all.csv", newline="") as f:
+            rows = [{k: parse_cell(v) for k, v in r.items()} for r in csv.DictReader(f)]
+        plot(rows, args.out / "keep_all.png", str(rows[0].get("commit", "unknown")))
+        return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("xengine").setLevel(logging.WARNING)
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
+    commit = _commit()
     t0 = time.perf_counter()
     for k, net in enumerate(args.nets):
         log.info("[%d/%d] %s (%.0f s so far)", k + 1, len(args.nets), net, time.perf_counter() - t0)
-        rows.append(measure(net, args.pairs, args.seconds, args.most))
+        rows.append(measure(net, args.pairs, args.seconds, args.most) | {"commit": commit})
         log.info("%s: keep-everything / plain = %.3f", net, rows[-1]["ratio"])
         with open(args.out / "keep_all.csv", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()
             w.writerows(rows)
-    plot(rows, args.out / "keep_all.png", _commit())
+    plot(rows, args.out / "keep_all.png", commit)
     print(f"{'net':<22} {'keep_all_ms':>11} {'plain_ms':>9} {'ratio':>7} {'se_pct':>7}")
     for r in rows:
         print(
