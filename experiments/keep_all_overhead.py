@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from experiments.solver_benchmark import parse_cell  # noqa: E402
 from experiments.time_fidelity import NETS, _median_se  # noqa: E402
+from experiments.time_fidelity import pairs as timed_pairs  # noqa: E402
 from xengine.execute.executor import CompiledSchedule, PlainStep  # noqa: E402
 from xengine.problem import Instance  # noqa: E402
 from xengine.profile.workspace import capture_net  # noqa: E402
@@ -57,19 +58,9 @@ def measure(net: str, pairs: int, seconds: float, most: int) -> dict:
     cap = capture_net(net, batch, image_size=image)
     g = cap.graph
     inst = Instance(g, ("cpu",), (keep_all_peak_bytes(g, "cpu"),))
-    ratios, mine, plain_ts = [], [], []
     with CompiledSchedule(cap, inst, keep_all_schedule(inst)) as exe, PlainStep(cap) as plain:
-        for _ in range(2):
-            plain.step()
-            exe.step()
-        spent = 0.0
-        while len(ratios) < most and (len(ratios) < pairs or spent < seconds):
-            dt_plain = plain.step()[0]
-            dt = exe.step()[0]
-            ratios.append(dt / dt_plain)
-            mine.append(dt)
-            plain_ts.append(dt_plain)
-            spent += dt + dt_plain
+        mine, plain_ts = timed_pairs(plain, exe, 2, pairs, seconds, most)
+    ratios = [a / b for a, b in zip(mine, plain_ts, strict=True)]
     return {
         "net": net,
         "batch_size": batch,

@@ -199,22 +199,31 @@ def measure(cap, entries: list[Entry], rounds: int, warmup: int, min_s: float, m
     try:
         for key, (exe, dev) in exes.items():
             plain = plains[dev]
-            mine, beside = times.setdefault(key, []), times.setdefault(f"{key}|pytorch", [])
             with exe:
-                for _ in range(warmup):
-                    plain.step()
-                    exe.step()
-                spent = 0.0
-                while len(mine) < most and (len(mine) < rounds or spent < min_s):
-                    dt_plain = plain.step()[0]
-                    dt = exe.step()[0]
-                    mine.append(dt)
-                    beside.append(dt_plain)
-                    spent += dt + dt_plain
+                times[key], times[f"{key}|pytorch"] = pairs(plain, exe, warmup, rounds, min_s, most)
     finally:
         for plain in plains.values():
             plain.close()
     return times
+
+
+def pairs(plain, exe, warmup: int, rounds: int, min_s: float, most: int):
+    """Steps of ``exe`` and of ``plain`` in pairs, a plain step first: ``warmup`` pairs, then
+    at least ``rounds`` and ``min_s`` seconds of them, ``most`` at most. Their step times in
+    seconds: the schedule's, and the plain steps' beside them."""
+    for _ in range(warmup):
+        plain.step()
+        exe.step()
+    mine: list[float] = []
+    beside: list[float] = []
+    spent = 0.0
+    while len(mine) < most and (len(mine) < rounds or spent < min_s):
+        dt_plain = plain.step()[0]
+        dt = exe.step()[0]
+        mine.append(dt)
+        beside.append(dt_plain)
+        spent += dt + dt_plain
+    return mine, beside
 
 
 def one_net(net: str, devices: tuple[str, ...], args, settings: SolveSettings) -> list[dict]:

@@ -80,13 +80,18 @@ def test_recomputation_splits_the_backward_into_passes():
     assert len(bn_computes) > 1 and not set(bn_computes) & plan.native
 
 
-def test_compiled_step_equals_the_interpreted_one():
-    cap = resnet18_small()
-    inst = single(cap)
-    scheds = {
+def _kept_and_checkpointed(cap, inst) -> dict[str, Schedule]:
+    """Keep-everything (one fused pass) and every fourth op checkpointed (several)."""
+    return {
         "keep_all": keep_all_schedule(inst),
         "checkpoints": checkpoint_schedule(inst, keep=set(range(0, cap.n_forward, 4))),
     }
+
+
+def test_compiled_step_equals_the_interpreted_one():
+    cap = resnet18_small()
+    inst = single(cap)
+    scheds = _kept_and_checkpointed(cap, inst)
     for name, sched in scheds.items():
         runs = {}
         for fuse in (True, False):
@@ -117,10 +122,7 @@ def test_the_timed_program_does_what_the_labelled_one_does():
     the per-instruction program that the memory profile labels."""
     cap = resnet18_small()
     inst = single(cap)
-    scheds = {
-        "keep_all": keep_all_schedule(inst),
-        "checkpoints": checkpoint_schedule(inst, keep=set(range(0, cap.n_forward, 4))),
-    }
+    scheds = _kept_and_checkpointed(cap, inst)
     for name, sched in scheds.items():
         with CompiledSchedule(cap, inst, sched) as exe:
             merged = [fn for fn in exe.fast if getattr(fn, "func", None) == exe.rt.run_native]

@@ -297,6 +297,7 @@ class _Runtime:
         self.grad_consumers = consumers
         self.grad_consumers_desc = {v: sorted(ws, reverse=True) for v, ws in consumers.items()}
         self.grad_sets = [frozenset(s.grad_inputs) for s in self.ops]
+        self._single_runs: dict[tuple[int, str], NativeRun] = {}  # compute_native's runs
         # what makes every tap part of the graph (one per device; it never gets a gradient)
         self.anchors = {
             d: torch.zeros((), device=s.torch_device, requires_grad=True)
@@ -453,24 +454,12 @@ class _Runtime:
         """A forward compute as a plain step runs it (:meth:`plain_forward` says when): the op
         on the registers themselves, no hooks, no taps, no leaves. Same result, state and
         registers as :meth:`compute`; the keep-everything step is all of these, and their
-        Python was a third of a small op's time (issue 28)."""
-        self._set_threads(d)
-        spec = self.ops[v]
-        reg = self.reg[d]
-        ins = [reg[u] if reg[u] is not None else self.provided(d, u) for u in spec.inputs]
-        if spec.stochastic or spec.mutates_buffers:
-            self.first_fwd_device[v] = d
-        y = self.run_fns[d][v](ins, self.x[d])
-        if _shares_storage(y, ins, self.fixed_ptrs[d]):
-            y = y.clone()
-        if self.g.state_reader[v] >= 0:
-            self.state[d][v] = _State.native(
-                GradientEdge(y.grad_fn, y.output_nr) if y.requires_grad else None
-            )
-        reg[v] = y
-        self.first_done.add(v)
-        if self.transient[d]:
-            self.transient[d].clear()
+        Python was a third of a small op's time (issue 28). It is a :class:`NativeRun` of one
+        op (made at its first call), so that one loop says what a native compute does."""
+        run = self._single_runs.get((v, d))
+        if run is None:
+            run = self._single_runs[(v, d)] = NativeRun(d, [native_step(self, v)], self)
+        self.run_native(run)
 
     def run_native(self, run: NativeRun) -> None:
         """A run of native forward computes and frees on one device, as :meth:`compute_native`
@@ -821,6 +810,12 @@ class NativeRun:
         self.marked = tuple(
             v for v in self.computed if rt.ops[v].stochastic or rt.ops[v].mutates_buffers
         )
+
+
+def native_step(rt: _Runtime, v: int) -> tuple[int, str, tuple[int, ...]]:
+    """A native compute of ``v`` as a step of a :class:`NativeRun`."""
+    what = _KEEPS_STATE if rt.g.state_reader[v] >= 0 else _NO_STATE
+    return (v, what, tuple(rt.ops[v].inputs))
 
 
 def _shares_storage(y: torch.Tensor, ins: Sequence[Any], fixed: set[int] | frozenset) -> bool:
@@ -1183,7 +1178,6 @@ def fast_program(rt: _Runtime, program: list[tuple[Any, str]]) -> list[Any]:
             out.append(partial(rt.run_native, NativeRun(device, steps, rt)))
             steps.clear()
 
-    readers = rt.g.state_reader
     for fn, _ in program:
         func = getattr(fn, "func", None)
         if func == rt.compute_native:
@@ -1191,8 +1185,7 @@ def fast_program(rt: _Runtime, program: list[tuple[Any, str]]) -> list[Any]:
             if d != device:
                 flush()
                 device = d
-            what = _KEEPS_STATE if readers[v] >= 0 else _NO_STATE
-            steps.append((v, what, tuple(rt.ops[v].inputs)))
+            steps.append(native_step(rt, v))
         elif func == rt.free and steps and fn.args[1] == device:
             steps.append((fn.args[0], _FREE, ()))
         else:
