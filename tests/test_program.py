@@ -11,9 +11,10 @@ import torch
 from _nets import costed, resnet18_small, tiny
 from _schedules import checkpoint_schedule, forward_devices
 
-from xengine.execute.executor import CompiledSchedule, _cpu_peaks_flat, execute
+from xengine.execute.executor import CompiledSchedule, PlainStep, _cpu_peaks_flat, execute
 from xengine.execute.program import backward_node, compile_plan
 from xengine.problem import Instance
+from xengine.profile.workspace import capture
 from xengine.schedule import Schedule, keep_all_schedule
 from xengine.simulate import ScheduleError, simulate
 
@@ -219,3 +220,64 @@ def test_what_a_schedule_keeps_longer_is_measured_as_kept(base, states):
         if abs(meas - pred) > 0.01 * pred + SLACK_BYTES:
             misses.append((name, pred, meas))
     assert not misses, misses
+
+
+class _Halves(torch.nn.Module):
+    """Like a ShuffleNet unit, the two halves of one ``chunk`` go to two ops; neither saves
+    them, so their base is freed in the forward pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.head = torch.nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        a, b = x.chunk(2, dim=1)
+        y = torch.cat([a * 2, torch.relu(b)], dim=1)
+        return self.head(y.mean((2, 3)))
+
+
+def _autograd_nodes(t: torch.Tensor) -> list[str]:
+    seen, todo = set(), [t.grad_fn]
+    while todo:
+        f = todo.pop()
+        if f is not None and f not in seen:
+            seen.add(f)
+            todo += [e[0] for e in f.next_functions]
+    return [f.name() for f in seen]
+
+
+def test_a_native_run_is_generated_code_and_the_readers_of_a_chunk_share_it():
+    """After its first run, a native run is one generated function (compile_native): the
+    calls written out, and one ``chunk`` for the two ops that read its halves, hence one
+    ``SplitBackward`` as in a plain step (each reader evaluating the view itself made two, each
+    padding with zeros, and an add). The local that holds the halves is dropped before their
+    base is freed; the step's loss and gradients are a plain step's, bit for bit."""
+    torch.manual_seed(0)
+    cap = capture(_Halves(), torch.randn(2, 3, 8, 8), torch.tensor([1, 3]), measure_workspace=False)
+    inst = single(cap)
+    by = {v.name: i for i, v in enumerate(cap.graph.nodes)}
+    logits = cap.n_forward - 1
+    with PlainStep(cap) as plain:
+        plain.run()
+        plain_grads = [p.grad.clone() for p in plain.params]
+        plain_loss = plain.loss.item()
+    with CompiledSchedule(cap, inst, keep_all_schedule(inst)) as exe:
+        rt = exe.rt
+        (run,) = [fn.args[0] for fn in exe.fast if getattr(fn, "func", None) == rt.run_native]
+        splits = []
+        for _ in range(2):  # the loop, then the generated function
+            exe._restore()
+            rt.reset()
+            rt.run_native(run)
+            splits.append(_autograd_nodes(rt.reg["cpu"][logits]).count("SplitBackward0"))
+            rt.reset()
+        assert splits == [2, 1]
+        src = run.source
+        assert src.count(".chunk(") == 1 and "del c0" in src
+        assert src.index("del c0") < src.index(f"reg[{by['stem']}] = None")
+        exe.run()
+        assert exe.rt.loss_value.item() == plain_loss
+        grads = [p.grad for p in cap.module.parameters()]
+        assert all(torch.equal(a, b) for a, b in zip(grads, plain_grads, strict=True))

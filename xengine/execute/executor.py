@@ -39,12 +39,13 @@ the address.
 from __future__ import annotations
 
 import copy
+import linecache
 import logging
 import re
 import statistics
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import partial
@@ -63,6 +64,7 @@ from xengine import progress
 from xengine.execute.program import Group, Plan, backward_node, compile_plan
 from xengine.graph.capture import (
     CapturedModel,
+    OpSource,
     alias_leaf,
     fixed_storage_ptrs,
     gradient_key,
@@ -463,12 +465,24 @@ class _Runtime:
 
     def run_native(self, run: NativeRun) -> None:
         """A run of native forward computes and frees on one device, as :meth:`compute_native`
-        and :meth:`free` do them one by one, in one loop with everything looked up once: the
-        Python around each small op, not the op, was most of what keep-everything paid above
-        a plain step (issue 28). Whether an op's output shares its inputs' storage is decided
-        at its first run and kept (the replayed step gives every op the same layouts)."""
+        and :meth:`free` do them one by one. Its first call runs :meth:`_native_loop`, which
+        decides per op whether its output shares its inputs' storage (the replayed step gives
+        every op the same layouts); later calls run the straight-line function
+        :func:`compile_native` makes from it: the Python around each small op, not the op, was
+        most of what keep-everything paid above a plain step (issue 28)."""
         d = run.device
         self._set_threads(d)
+        if run.compiled is None:
+            self._native_loop(run)
+            run.compiled = compile_native(self, run)
+        else:
+            run.compiled(self.reg[d], self.state[d], self.x[d], self.transient[d])
+        self.first_done.update(run.computed)
+        for v in run.marked:
+            self.first_fwd_device[v] = d
+
+    def _native_loop(self, run: NativeRun) -> None:
+        d = run.device
         reg, states, fns, x = self.reg[d], self.state[d], self.run_fns[d], self.x[d]
         transient, fixed, clones = self.transient[d], self.fixed_ptrs[d], run.clones
         for k, (v, what, inputs) in enumerate(run.steps):
@@ -492,9 +506,6 @@ class _Runtime:
             ins = y = None  # a free that follows must free, as after compute_native
             if transient:
                 transient.clear()
-        self.first_done.update(run.computed)
-        for v in run.marked:
-            self.first_fwd_device[v] = d
 
     # ---------------------------------------------------------------- node runners
     def _forward(
@@ -801,15 +812,85 @@ class NativeRun:
     first run); ``computed``, ``marked``: the nodes it computes, and those of them whose device
     is remembered (stochastic, or updating buffers)."""
 
-    __slots__ = ("device", "steps", "clones", "computed", "marked")
+    __slots__ = ("device", "steps", "clones", "computed", "marked", "compiled", "source")
 
     def __init__(self, device: str, steps: list[tuple[int, str, tuple[int, ...]]], rt) -> None:
         self.device, self.steps = device, tuple(steps)
         self.clones: list[bool | None] = [None] * len(steps)
+        self.compiled: Callable[..., None] | None = None  # compile_native's, after a first run
+        self.source = ""
         self.computed = tuple(v for v, what, _ in steps if what is not _FREE)
         self.marked = tuple(
             v for v in self.computed if rt.ops[v].stochastic or rt.ops[v].mutates_buffers
         )
+
+
+def compile_native(rt: _Runtime, run: NativeRun) -> Callable[..., None]:
+    """``run`` as one generated Python function ``(reg, states, x, transient)`` that does what
+    :meth:`_Runtime._native_loop` does, step by step, with each op's call written out
+    (:class:`capture.OpSource`), as ``torch.fx`` writes a module's forward. Made after a first
+    run, which decided the clones. Within the run, the readers of one multi-output view
+    (``chunk``) share it; the local that holds it is deleted before its base is freed, so it
+    never keeps memory past a free. The source is kept in ``run.source`` and in ``linecache``
+    (tracebacks show it)."""
+    d = run.device
+    env: dict[str, Any] = {
+        "_S": _State.native,
+        "_E": GradientEdge,
+        "_free": partial(_free_on, rt, d),
+        "_provided": partial(rt.provided, d),
+    }
+    lines: list[str] = []
+    shared: dict[tuple[str, tuple[int, ...]], str] = {}
+    made = [0]
+
+    def share(key: tuple[str, tuple[int, ...]], expr: str) -> str:
+        name = shared.get(key)
+        if name is None:
+            name = shared[key] = f"c{made[0]}"
+            made[0] += 1
+            lines.append(f"    {name} = {expr}")
+        return name
+
+    src = OpSource(rt.roots[d], env, share)
+    here: set[int] = set()  # computed in this run: in its register until its free
+
+    def value(u: int) -> str:
+        return (
+            f"reg[{u}]" if u in here else f"(reg[{u}] if reg[{u}] is not None else _provided({u}))"
+        )
+
+    for k, (v, what, _) in enumerate(run.steps):
+        if what is _FREE:
+            for key in [key for key in shared if v in key[1]]:
+                lines.append(f"    del {shared.pop(key)}")
+            lines += [f"    if reg[{v}] is None:", f"        _free({v})", f"    reg[{v}] = None"]
+            here.discard(v)
+            continue
+        lines.append(f"    y = {src.call(rt.ops[v], value)}  # {rt.ops[v].name}")
+        if run.clones[k]:
+            lines.append("    y = y.clone()")
+        lines.append(f"    reg[{v}] = y")
+        if what is _KEEPS_STATE:
+            lines.append(
+                f"    states[{v}] = _S(_E(y.grad_fn, y.output_nr) if y.requires_grad else None)"
+            )
+        lines.append("    del y")
+        if not here:  # a copy may have left a value for the first compute (none after it)
+            lines += ["    if transient:", "        transient.clear()"]
+        here.add(v)
+    first = run.steps[0][0] if run.steps else 0
+    filename = f"<xengine native run {d} {first} {id(run):x}>"
+    run.source = (
+        "def native_run(reg, states, x, transient):\n" + "\n".join(lines or ["    pass"]) + "\n"
+    )
+    linecache.cache[filename] = (len(run.source), None, run.source.splitlines(True), filename)
+    exec(compile(run.source, filename, "exec"), env)  # noqa: S102 - our own generated source
+    return env["native_run"]
+
+
+def _free_on(rt: _Runtime, d: str, u: int) -> None:
+    rt.free(u, d)
 
 
 def native_step(rt: _Runtime, v: int) -> tuple[int, str, tuple[int, ...]]:

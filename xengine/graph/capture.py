@@ -35,6 +35,7 @@ import difflib
 import hashlib
 import json
 import logging
+import math
 import operator
 import warnings
 from collections.abc import Callable, Sequence
@@ -268,6 +269,110 @@ def _filler(a: Any, root: nn.Module) -> Callable[[Sequence[Any], Any], Any] | No
         getters = {k: f or (lambda ins, x, _b=a[k]: _b) for k, f in parts.items()}
         return lambda ins, x: {k: g(ins, x) for k, g in getters.items()}
     return None
+
+
+class OpSource:
+    """Python source for ops' calls, for a generated function that runs several ops in a row
+    (the executor's native runs): the calls as ``fx`` writes them, with no getter per argument.
+    Around a small op, the getters of :meth:`OpSpec.bind` and the loop that calls them cost
+    more than a plain step's Python (issue 28: keep-everything over a plain step, 1.08x on
+    ShuffleNet before).
+
+    ``env`` collects the objects the source names (modules, functions, constants, attributes
+    resolved on ``root``); the function is executed with it as its globals. ``share``: a view
+    that a ``getitem`` selects from (``chunk``, ``split``) is handed to it with a key that two
+    readers of the same view of the same nodes share, and it returns the name of a local that
+    holds the view, so that the readers share one autograd node, as in a plain step (one
+    ``SplitBackward`` that concatenates, not one per reader that pads with zeros, then an
+    add)."""
+
+    def __init__(
+        self,
+        root: nn.Module,
+        env: dict[str, Any],
+        share: Callable[[tuple[str, tuple[int, ...]], str], str] | None = None,
+    ) -> None:
+        self.root, self.env, self.share = root, env, share
+
+    def name(self, value: Any, hint: str = "k") -> str:
+        """A global name for ``value`` in ``env``."""
+        key = f"{hint}{len(self.env)}"
+        self.env[key] = value
+        return key
+
+    def call(self, spec: OpSpec, input_expr: Callable[[int], str]) -> str:
+        """The expression that runs ``spec`` (what ``spec.bind(root)(ins, x)`` returns), with
+        ``input_expr(u)`` for the value of input node ``u`` and ``x`` for the batch."""
+        ins = [input_expr(u) for u in spec.inputs]
+        out = self._view(_View(spec.op, spec.target, spec.args, spec.kwargs), ins, spec.inputs)
+        return out if spec.select is None else f"{out}[{spec.select}]"
+
+    def _args(self, args: tuple, kwargs: dict, ins: list[str], inputs: Sequence[int]) -> str:
+        parts = [self._expr(a, ins, inputs) for a in args]
+        parts += [f"{k}={self._expr(v, ins, inputs)}" for k, v in kwargs.items()]
+        return ", ".join(parts)
+
+    def _expr(self, a: Any, ins: list[str], inputs: Sequence[int]) -> str:
+        if isinstance(a, _Slot):
+            if a.kind == "in":
+                return ins[a.index]
+            if a.kind == "x":
+                return "x"
+            return self.name(_get_attr(self.root, a.path), "a")
+        if isinstance(a, _View):
+            if a.target is operator.getitem and isinstance(a.args[0], _View):
+                base = self._view(a.args[0], ins, inputs)
+                if self.share is not None:
+                    base = self.share(_canonical(a.args[0], inputs), base)
+                rest = [self._expr(b, ins, inputs) for b in a.args[1:]]
+                return f"{base}[{', '.join(rest)}]"
+            return self._view(a, ins, inputs)
+        if a is None or type(a) in (bool, int, str) or (type(a) is float and math.isfinite(a)):
+            return repr(a)  # a literal: the source reads as the call
+        if _filler(a, self.root) is None:  # no slot: a constant, used as it is
+            return self.name(a)
+        if isinstance(a, (tuple, list)):
+            items = ", ".join(self._expr(b, ins, inputs) for b in a)
+            if type(a) is list:
+                return f"[{items}]"
+            tup = f"({items},)"
+            return tup if type(a) is tuple else f"{self.name(type(a), 't')}({tup})"
+        if isinstance(a, dict):
+            items = ", ".join(f"{self.name(k)}: {self._expr(b, ins, inputs)}" for k, b in a.items())
+            return f"{{{items}}}"
+        return self.name(a)
+
+    def _view(self, a: _View, ins: list[str], inputs: Sequence[int]) -> str:
+        """The call ``a`` describes (a folded view, or an op itself)."""
+        if a.op == "call_method":
+            obj = self._expr(a.args[0], ins, inputs)
+            rest = self._args(a.args[1:], a.kwargs, ins, inputs)
+            return f"{obj}.{a.target}({rest})"
+        fn = self.name(_callable(self.root, a.op, a.target), "f")
+        return f"{fn}({self._args(a.args, a.kwargs, ins, inputs)})"
+
+
+def _canonical(a: Any, inputs: Sequence[int]) -> tuple[str, tuple[int, ...]]:
+    """A key for the view template ``a`` that two readers share when they evaluate the same
+    view of the same nodes (their slots name input positions of their own: these become node
+    indices), with the nodes it reads."""
+    nodes: set[int] = set()
+
+    def walk(b: Any) -> str:
+        if isinstance(b, _Slot):
+            if b.kind == "in":
+                nodes.add(inputs[b.index])
+                return f"node{inputs[b.index]}"
+            return f"{b.kind}:{b.path}"
+        if isinstance(b, _View):
+            return f"{b.op}:{b.target!r}({walk(b.args)};{walk(b.kwargs)})"
+        if isinstance(b, (tuple, list)):
+            return "[" + ",".join(walk(c) for c in b) + "]"
+        if isinstance(b, dict):
+            return "{" + ",".join(f"{k}={walk(c)}" for k, c in sorted(b.items())) + "}"
+        return repr(b)
+
+    return walk(a), tuple(sorted(nodes))
 
 
 @dataclass
