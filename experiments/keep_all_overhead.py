@@ -9,7 +9,9 @@ bookkeeping of registers. Nets of many small ops show it most.
 Per net (``experiments/time_fidelity.py``'s table of sizes, one CPU device with all threads):
 capture, compile the keep-everything schedule, then pairs of a plain step and a step of the
 schedule, back to back (2 pairs of warm-up, then at least ``--pairs`` pairs and ``--seconds``
-of them): the median of the per-pair ratios with its standard error, and both medians.
+of them): the median of the per-pair ratios with its standard error, and both medians. Then,
+for a net with in-place modules (capture switches their flags off), the same pairs against the
+module as its author wrote it (``PlainStep(as_written=True)``), and both measured peaks.
 glibc's allocator as ``run.py`` runs it. Writes ``results/keep_all_overhead/keep_all.csv``
 and ``keep_all.png`` (ratio per net with twice its standard error, the 1.05 line).
 
@@ -50,16 +52,21 @@ from xengine.simulate import keep_all_peak_bytes  # noqa: E402
 log = logging.getLogger("keep_all_overhead")
 OUT = ROOT / "results" / "keep_all_overhead"
 TARGET = 1.05
+MIB = 2**20
 
 
 def measure(net: str, pairs: int, seconds: float, most: int) -> dict:
-    """One net's row: keep-everything and a plain step in interleaved pairs."""
+    """One net's row: keep-everything and a plain step in interleaved pairs; then, where the
+    net has in-place modules, keep-everything and the module as written in pairs."""
     batch, image = NETS[net]
     cap = capture_net(net, batch, image_size=image)
     g = cap.graph
     inst = Instance(g, ("cpu",), (keep_all_peak_bytes(g, "cpu"),))
-    with CompiledSchedule(cap, inst, keep_all_schedule(inst)) as exe, PlainStep(cap) as plain:
-        mine, plain_ts = timed_pairs(plain, exe, 2, pairs, seconds, most)
+    with CompiledSchedule(cap, inst, keep_all_schedule(inst)) as exe:
+        with PlainStep(cap) as plain:
+            mine, plain_ts = timed_pairs(plain, exe, 2, pairs, seconds, most)
+            plain_peak = plain.cpu_peak()[0]
+        written = as_written(cap, exe, pairs, seconds, most)
     ratios = [a / b for a, b in zip(mine, plain_ts, strict=True)]
     return {
         "net": net,
@@ -73,6 +80,26 @@ def measure(net: str, pairs: int, seconds: float, most: int) -> dict:
         "ratio_se_pct": round(100 * _median_se(ratios), 2),
         "pairs": len(ratios),
         "threads": torch.get_num_threads(),
+        "keep_all_peak_mib": round(inst.budgets[0] / MIB, 2),
+        "plain_peak_mib": round(plain_peak / MIB, 2),
+    } | written
+
+
+def as_written(cap, exe, pairs: int, seconds: float, most: int) -> dict:
+    """The module as its author wrote it (the in-place flags that capture switches off, on):
+    keep-everything's step time over its step time, and its peak. A net without in-place
+    modules has no such run (its plain step is the module as written): empty cells."""
+    row = {"inplace_modules": len(cap.inplace_modules)}
+    if not cap.inplace_modules:
+        return row | {"as_written_ms": "", "as_written_ratio": "", "as_written_peak_mib": ""}
+    with PlainStep(cap, as_written=True) as written:
+        mine, theirs = timed_pairs(written, exe, 2, pairs, seconds, most)
+        peak = written.cpu_peak()[0]
+    ratios = [a / b for a, b in zip(mine, theirs, strict=True)]
+    return row | {
+        "as_written_ms": round(1e3 * statistics.median(theirs), 3),
+        "as_written_ratio": round(statistics.median(ratios), 4),
+        "as_written_peak_mib": round(peak / MIB, 2),
     }
 
 
@@ -142,11 +169,15 @@ def main(argv: list[str] | None = None) -> None:
             w.writeheader()
             w.writerows(rows)
     plot(rows, args.out / "keep_all.png", commit)
-    print(f"{'net':<22} {'keep_all_ms':>11} {'plain_ms':>9} {'ratio':>7} {'se_pct':>7}")
+    print(
+        f"{'net':<22} {'keep_all_ms':>11} {'plain_ms':>9} {'ratio':>7} {'se_pct':>7}"
+        f" {'as_written_ratio':>16} {'peak_mib':>9} {'as_written_peak_mib':>19}"
+    )
     for r in rows:
         print(
             f"{r['net']:<22} {r['keep_all_ms']:>11.2f} {r['plain_ms']:>9.2f} "
-            f"{r['ratio']:>7.3f} {r['ratio_se_pct']:>7.2f}"
+            f"{r['ratio']:>7.3f} {r['ratio_se_pct']:>7.2f} {r['as_written_ratio'] or '-':>16}"
+            f" {r['keep_all_peak_mib']:>9.2f} {r['as_written_peak_mib'] or '-':>19}"
         )
     within = sum(r["ratio"] <= TARGET for r in rows)
     print(f"keep-everything <= {TARGET:.2f}x a plain step on {within} of {len(rows)} nets")

@@ -9,7 +9,8 @@ import torch
 from _nets import buffers, costed, resnet18_small, run_beside_reference, set_buffers, tiny
 from _schedules import checkpoint_schedule, forward_devices
 
-from xengine.execute.executor import execute, reference_step
+from xengine.execute.executor import PlainStep, execute, reference_step
+from xengine.graph.capture import trace
 from xengine.problem import Instance
 from xengine.profile.workspace import capture_net
 from xengine.schedule import Schedule, keep_all_schedule
@@ -345,3 +346,26 @@ def test_a_loss_computed_twice_measures_its_prediction():
     assert sim.peak_bytes[0] >= keep_all.peak_bytes[0] + logits  # the extra is the peak's
     res, _ = run_beside_reference(cap, inst, sched, measure_memory=True)
     assert within(res.peak_bytes["cpu"], int(sim.peak_bytes[0])), (res.peak_bytes, sim.peak_bytes)
+
+
+def test_a_plain_step_as_written_has_the_in_place_flags_that_capture_switched_off():
+    """The user's module as written (in-place ReLUs) gives the same loss and gradients as the
+    captured one; the captured module keeps its flags off, and a second capture of the same
+    module still knows which flags were on."""
+    cap = capture_net("tiny", 4, measure_workspace=False)
+    assert cap.inplace_modules == ("relu1", "relu2")
+    again = capture_net("tiny", 4, measure_workspace=False)
+    assert trace(again.module, again.example_input, again.target).inplace_modules == (
+        "relu1",
+        "relu2",
+    )
+    with PlainStep(cap) as plain, PlainStep(cap, as_written=True) as written:
+        assert written.module is not cap.module
+        assert written.module.relu1.inplace and written.module.relu2.inplace
+        assert not any(getattr(m, "inplace", False) for m in cap.module.modules())
+        plain.run()
+        grads = {n: p.grad.clone() for n, p in cap.module.named_parameters()}
+        written.run()
+        assert torch.equal(written.loss, plain.loss)
+        for n, p in written.module.named_parameters():
+            assert torch.equal(p.grad, grads[n]), n

@@ -1581,13 +1581,23 @@ class PlainStep:
     """A plain PyTorch step: ``model(x)``, cross-entropy, ``backward()``, from the same starting
     state each time (what a user compares a schedule with). :meth:`step` times one; on a CUDA
     device the model is a copy. Use it as a context manager, or call :meth:`close`, to get the
-    thread count back and the buffers of a CUDA copy onto the captured module."""
+    thread count back and the buffers of a CUDA copy onto the captured module.
 
-    def __init__(self, captured: CapturedModel, device: str = "cpu") -> None:
+    By default it runs the captured module, whose ``inplace`` flags capture switched off (the
+    schedules' numbers and memory are those of that module). ``as_written=True`` runs a copy
+    with those flags on again, the module as its author wrote it: an in-place ReLU does not
+    keep its input, so that step's peak is lower, and it is what a user who never heard of
+    xengine runs."""
+
+    def __init__(self, captured: CapturedModel, device: str = "cpu", as_written: bool = False):
         self.captured, self.device = captured, device
         self.spec = spec = parse_device(device)
         self.dev = dev = spec.torch_device
-        self.module = captured.module if not spec.is_cuda else copy.deepcopy(captured.module)
+        copied = spec.is_cuda or (as_written and bool(captured.inplace_modules))
+        self.module = copy.deepcopy(captured.module) if copied else captured.module
+        if as_written:
+            for path in captured.inplace_modules:
+                self.module.get_submodule(path).inplace = True
         self.module.to(dev)
         self.train = captured.mode == "train"
         self.module.train(self.train)
@@ -1609,7 +1619,7 @@ class PlainStep:
 
     def close(self) -> None:
         torch.set_num_threads(self._threads0)
-        if self.spec.is_cuda:
+        if self.module is not self.captured.module:
             with torch.no_grad():
                 for b, c in zip(self.captured.module.buffers(), self.module.buffers(), strict=True):
                     b.copy_(c.cpu())

@@ -389,6 +389,8 @@ class CapturedModel:
     net: str = "model"
     meta: dict[str, Any] = field(default_factory=dict)
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    # modules whose ``inplace`` flag capture switched off
+    inplace_modules: tuple[str, ...] = ()
 
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The training loss of the model's output: the user's ``loss_fn``, else cross-entropy
@@ -452,13 +454,21 @@ def fixed_storage_ptrs(root: nn.Module, *tensors: torch.Tensor) -> set[int]:
     return ptrs
 
 
-def _disable_inplace(module: nn.Module) -> int:
-    n = 0
-    for m in module.modules():
+def _disable_inplace(module: nn.Module) -> tuple[str, ...]:
+    """Switch off every module's ``inplace`` flag; the paths of those that were on, so that a
+    plain step of the module as its author wrote it can switch them on again
+    (:class:`xengine.execute.executor.PlainStep`, ``as_written``). The paths are kept on the
+    module too, so a second capture of it knows them."""
+    paths = list(getattr(module, _INPLACE_ATTR, ()))
+    for path, m in module.named_modules():
         if isinstance(getattr(m, "inplace", None), bool) and m.inplace:
             m.inplace = False
-            n += 1
-    return n
+            paths.append(path)
+    setattr(module, _INPLACE_ATTR, tuple(paths))
+    return tuple(paths)
+
+
+_INPLACE_ATTR = "_xengine_inplace_modules"
 
 
 def _target_name(node: fx.Node) -> str:
@@ -508,7 +518,7 @@ def trace(
     if not isinstance(example_input, torch.Tensor) or not isinstance(target, torch.Tensor):
         raise GraphError("example_input and target must be tensors")
     module.train(mode == "train")
-    _disable_inplace(module)
+    inplace_paths = _disable_inplace(module)
     gm = _symbolic_trace(module, tuple(leaf_modules), name)
     gm.train(mode == "train")
 
@@ -543,6 +553,7 @@ def trace(
         net=name,
         meta=dict(graph.meta),
         loss_fn=loss_fn,
+        inplace_modules=inplace_paths,
     )
     cap.graph = replace(graph, meta={**graph.meta, "workspace": "parameter gradients"})
     cap.meta = dict(cap.graph.meta)
