@@ -281,3 +281,49 @@ def test_a_native_run_is_generated_code_and_the_readers_of_a_chunk_share_it():
         assert exe.rt.loss_value.item() == plain_loss
         grads = [p.grad for p in cap.module.parameters()]
         assert all(torch.equal(a, b) for a, b in zip(grads, plain_grads, strict=True))
+
+
+class _FlatHead(torch.nn.Module):
+    """Ends with ``flatten`` (as SqueezeNet does): the logits are a view of the pool's output,
+    so that op is no folded view but a node whose output is cloned (the loss reads it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 5, 3, padding=1)
+        self.pool = torch.nn.AdaptiveAvgPool2d(1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.flatten(self.pool(torch.relu(self.stem(x))), 1)
+
+
+def test_a_native_run_clones_exactly_the_outputs_that_share_an_input():
+    """The clone rule (every node owns its value, so a free frees it): the first run of a
+    native run decides it per op from the storage it sees, and it must agree with capture's
+    ``clone_output``; the generated code clones there and nowhere else, and the step is a
+    plain step's, loss and gradients bit for bit, peak as predicted."""
+    torch.manual_seed(0)
+    cap = capture(_FlatHead(), torch.randn(2, 3, 8, 8), torch.tensor([1, 3]))
+    assert [s.clone_output for s in cap.ops] == [False, False, False, True]
+    inst = single(cap)
+    with PlainStep(cap) as plain:
+        plain.run()
+        plain_grads = [p.grad.clone() for p in plain.params]
+        plain_loss = plain.loss.item()
+    with CompiledSchedule(cap, inst, keep_all_schedule(inst)) as exe:
+        rt = exe.rt
+        (run,) = [fn.args[0] for fn in exe.fast if getattr(fn, "func", None) == rt.run_native]
+        exe.run()
+        decided = [
+            c for c, (_, what, _) in zip(run.clones, run.steps, strict=True) if what != "free"
+        ]
+        assert decided == [s.clone_output for s in cap.ops]
+        assert run.source.count("y = y.clone()") == 1
+        flat = run.source.index("# flatten")
+        assert run.source.index("y = y.clone()", flat) < run.source.index("reg[3] = y", flat)
+        exe.run()  # the generated function
+        assert exe.rt.loss_value.item() == plain_loss
+        grads = [p.grad for p in cap.module.parameters()]
+        assert all(torch.equal(a, b) for a, b in zip(grads, plain_grads, strict=True))
+    res = execute(cap, inst, keep_all_schedule(inst), n_steps=2, warmup=1)
+    pred = res.predicted_peak_bytes["cpu"]
+    assert abs(res.peak_bytes["cpu"] - pred) <= 0.01 * pred + SLACK_BYTES
