@@ -40,10 +40,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from experiments.solver_benchmark import parse_cell  # noqa: E402
-from experiments.time_fidelity import NETS, _median_se  # noqa: E402
+from experiments.time_fidelity import NETS  # noqa: E402
 from experiments.time_fidelity import pairs as timed_pairs  # noqa: E402
 from xengine.execute.executor import CompiledSchedule, PlainStep  # noqa: E402
 from xengine.problem import Instance  # noqa: E402
+from xengine.profile.paired import median_se  # noqa: E402
 from xengine.profile.workspace import capture_net  # noqa: E402
 from xengine.records.plots import save_figure  # noqa: E402
 from xengine.schedule import keep_all_schedule  # noqa: E402
@@ -77,7 +78,7 @@ def measure(net: str, pairs: int, seconds: float, most: int) -> dict:
         "keep_all_ms": round(1e3 * statistics.median(mine), 3),
         "plain_ms": round(1e3 * statistics.median(plain_ts), 3),
         "ratio": round(statistics.median(ratios), 4),
-        "ratio_se_pct": round(100 * _median_se(ratios), 2),
+        "ratio_se_pct": round(100 * median_se(ratios), 2),
         "pairs": len(ratios),
         "threads": torch.get_num_threads(),
         "keep_all_peak_mib": round(inst.budgets[0] / MIB, 2),

@@ -18,7 +18,8 @@ pairs at most). Per schedule: the median step time, its noise (half the interqua
 over the median), the median ratio to the plain step beside it with its standard error
 (``ratio_se_pct``), and the error of two predictions against the median: the simulator's on
 the keep-everything profile alone (``profile_err_pct``) and in context (``err_pct``, what
-``run.py`` reports).
+``run.py`` reports), with the standard error of each of the two medians (``pred_se_pct``, of
+the timing in context; ``ratio_se_pct``, of the measurement).
 
 This VM's speed drifts by 10-30 % within minutes, and a step's time correlates with the next
 one's, so absolute times taken minutes apart differ by more than any model error. The
@@ -26,7 +27,10 @@ acceptance figure is therefore ``norm_err_pct``: the prediction in units of the 
 timed beside the schedule's own context timing (``xengine.profile.context``), against the
 measured median ratio to the plain step beside each measured step. Both sides are what a user
 reads as "overhead over plain PyTorch", and neither depends on the machine's speed that
-minute.
+minute. Both are medians of the same schedule's ratio to plain, taken minutes apart; where
+their standard errors are large, a prediction that is right still misses by chance:
+``summary.csv`` counts the schedules within 5 % and those within 5 % or twice the standard
+error of the difference (``within_5pct_or_noise``), which is what this machine can resolve.
 
 Writes ``results/time_fidelity/time_fidelity.csv`` (one row per strategy, net, devices and
 budget), ``summary.csv`` (per net and devices: keep-everything over plain, the worst and
@@ -64,6 +68,7 @@ sys.path.insert(0, str(ROOT))
 from experiments.solver_benchmark import parse_cell  # noqa: E402
 from xengine.execute.executor import CompiledSchedule, PlainStep  # noqa: E402
 from xengine.problem import Instance  # noqa: E402
+from xengine.profile import paired  # noqa: E402
 from xengine.profile.profiler import apply_profile, profile_model  # noqa: E402
 from xengine.profile.workspace import capture_net  # noqa: E402
 from xengine.protocol import plan, warm_start  # noqa: E402
@@ -111,22 +116,13 @@ class Entry:
     profile_pred_s: float | None = None
     pred_s: float | None = None
     context_plain_s: float | None = None
+    context_se: float | None = None
     rounds: int | None = None
     stable: bool | None = None
     key: str = ""
 
 
-def _noise(ts: list[float]) -> float:
-    q1, _, q3 = statistics.quantiles(ts, n=4)
-    return (q3 - q1) / 2 / statistics.median(ts)
-
-
-def _median_se(xs: list[float]) -> float:
-    """The standard error of the median of ``xs``, relative: 1.253 sigma / sqrt(n), sigma
-    estimated robustly as IQR / 1.349 (normal approximation)."""
-    if len(xs) < 4:
-        return float("nan")
-    return 1.253 * 2 * _noise(xs) / 1.349 / math.sqrt(len(xs))
+_noise, _median_se = paired.noise, paired.median_se
 
 
 def solve_all(cap, graph, devices, budgets_pct, strategies, settings, rounds) -> list[Entry]:
@@ -162,6 +158,7 @@ def solve_all(cap, graph, devices, budgets_pct, strategies, settings, rounds) ->
                 if ctx is not None:
                     e.profile_pred_s = ctx.profile_time_s
                     e.context_plain_s = ctx.context_plain_step_s
+                    e.context_se = ctx.context_se
                     e.rounds, e.stable = ctx.rounds, ctx.stable
             log.info(
                 "%s %s %d%% %s: %s, predicted %s ms (%.0f s)",
@@ -208,22 +205,9 @@ def measure(cap, entries: list[Entry], rounds: int, warmup: int, min_s: float, m
 
 
 def pairs(plain, exe, warmup: int, rounds: int, min_s: float, most: int):
-    """Steps of ``exe`` and of ``plain`` in pairs, a plain step first: ``warmup`` pairs, then
-    at least ``rounds`` and ``min_s`` seconds of them, ``most`` at most. Their step times in
-    seconds: the schedule's, and the plain steps' beside them."""
-    for _ in range(warmup):
-        plain.step()
-        exe.step()
-    mine: list[float] = []
-    beside: list[float] = []
-    spent = 0.0
-    while len(mine) < most and (len(mine) < rounds or spent < min_s):
-        dt_plain = plain.step()[0]
-        dt = exe.step()[0]
-        mine.append(dt)
-        beside.append(dt_plain)
-        spent += dt + dt_plain
-    return mine, beside
+    """Steps of ``exe`` and of ``plain`` (objects with ``step()``) in the pairs of
+    :func:`xengine.profile.paired.pairs`: the schedule's step times and the plain steps'."""
+    return paired.pairs(lambda: plain.step()[0], lambda: exe.step()[0], warmup, rounds, min_s, most)
 
 
 def one_net(net: str, devices: tuple[str, ...], args, settings: SolveSettings) -> list[dict]:
@@ -293,6 +277,11 @@ def _measured_rows(cap, graph, entries: list[Entry], devices, args, size) -> lis
                     if e.context_plain_s
                     else None
                 ),
+                pred_se_pct=(
+                    round(e.context_se * 100, 2)
+                    if e.context_se is not None and math.isfinite(e.context_se)
+                    else None
+                ),
                 rounds=e.rounds,
                 stable=e.stable,
             )
@@ -328,11 +317,36 @@ def summarize(rows: list[dict]) -> list[dict]:
                 else None,
                 "max_abs_norm_err_pct": round(max(norm), 2) if norm else None,
                 "median_abs_norm_err_pct": round(statistics.median(norm), 2) if norm else None,
+                "within_5pct": _count(rec, lambda r: abs(r["norm_err_pct"]) <= TARGET_PCT),
+                "within_5pct_or_noise": _count(rec, _within_noise),
                 "median_ratio_se_pct": round(statistics.median(r["ratio_se_pct"] for r in mine), 2),
                 "fastest_predicted_is_fastest": " ".join(picks),
             }
         )
     return out
+
+
+TARGET_PCT = 5.0  # issue 28: every schedule's prediction within 5 % of its measured median
+
+
+def _noise_pct(r: dict) -> float | None:
+    """Twice the standard error of the normalised error: the timing in context and the
+    measurement are two medians of the same schedule's ratio to plain, each with its own
+    standard error, so a perfect prediction still misses by about this much by chance."""
+    if r.get("pred_se_pct") is None or r.get("ratio_se_pct") is None:
+        return None
+    return 2 * math.hypot(r["pred_se_pct"], r["ratio_se_pct"])
+
+
+def _within_noise(r: dict) -> bool:
+    """Within 5 %, or within twice the standard error of the two medians it compares."""
+    noise = _noise_pct(r)
+    return abs(r["norm_err_pct"]) <= max(TARGET_PCT, noise if noise is not None else 0.0)
+
+
+def _count(rows: list[dict], ok) -> str:
+    rated = [r for r in rows if r.get("norm_err_pct") is not None]
+    return f"{sum(bool(ok(r)) for r in rated)}/{len(rated)}"
 
 
 def _fastest_ok(at: list[dict]) -> bool:
@@ -396,7 +410,8 @@ def plot(rows: list[dict], path: Path) -> None:
         ne = [abs(r["norm_err_pct"]) for r in norm]
         bx.set_title(
             f"in plain-step units (drift-free): |error| median {statistics.median(ne):.1f} %, "
-            f"max {max(ne):.1f} %, within 5 %: {sum(e <= 5 for e in ne)}/{len(ne)}",
+            f"max {max(ne):.1f} %\nwithin 5 %: {sum(e <= TARGET_PCT for e in ne)}/{len(ne)}; "
+            f"within 5 % or 2 SE of the two medians: {_count(norm, _within_noise)}",
             fontsize=9,
         )
     bx.set_xlabel("measured step / plain step beside it, median")
@@ -516,7 +531,15 @@ def _write(rows: list[dict], out: Path, final: bool = False) -> None:
         )
         if norm:
             med = statistics.median(norm)
-            print(f"plain-normalised |error| max {max(norm):.2f} % median {med:.2f} %")
+            rated = [r for r in good if r.get("norm_err_pct") is not None]
+            noise = [n for r in rated if (n := _noise_pct(r)) is not None]
+            print(
+                f"plain-normalised |error| max {max(norm):.2f} % median {med:.2f} %; within "
+                f"5 %: {_count(rated, lambda r: abs(r['norm_err_pct']) <= TARGET_PCT)}; within "
+                f"5 % or twice the standard error of the two medians: "
+                f"{_count(rated, _within_noise)}"
+                + (f" (that noise: median {statistics.median(noise):.2f} %)" if noise else "")
+            )
         if prof:
             print(f"keep-everything profile alone: |error| median {statistics.median(prof):.2f} %")
         print(f"keep-everything / plain: max {max(s['keep_all_over_plain'] for s in summary):.3f}")

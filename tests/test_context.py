@@ -116,3 +116,47 @@ def test_the_plain_forward_path_is_the_same_step():
         names = {getattr(fn, "func", None).__name__ for fn, _ in exe.program if hasattr(fn, "func")}
     assert "compute_native" in names
     run_beside_reference(cap, inst, sched, rtol=0, atol=0)
+
+
+def test_a_pair_is_a_plain_step_then_the_schedule():
+    """One pair protocol (xengine.profile.paired): a plain step first, then the schedule's,
+    warm-up pairs dropped, at least ``rounds`` pairs and ``min_s`` seconds, ``most`` at most."""
+    from xengine.profile.paired import median_se, pairs
+
+    order: list[str] = []
+
+    def plain() -> float:
+        order.append("plain")
+        return 1.0
+
+    def mine() -> float:
+        order.append("mine")
+        return 2.0
+
+    a, b = pairs(plain, mine, warmup=1, rounds=2, min_s=7.5, most=10)
+    assert order == ["plain", "mine"] * 4  # 1 warm-up, then 3 pairs: 9 s >= 7.5 s
+    assert a == [2.0] * 3 and b == [1.0] * 3
+    assert len(pairs(plain, mine, 0, 1, 1e9, most=4)[0]) == 4
+    assert np.isnan(median_se([1.0, 2.0, 3.0])) and median_se([1.0] * 4) == 0.0
+
+
+def test_the_timing_in_context_takes_its_pairs_as_the_benchmarks_do(monkeypatch):
+    """After each marked step, a plain step and then an unmarked step of the schedule (the
+    measurement's order: the schedule's step follows a plain step in both); the standard
+    error of the median ratio comes with the timing."""
+    from xengine.execute.executor import PlainStep
+
+    cap = tiny()
+    inst, sched = _recomputing(cap)
+    order: list[str] = []
+    for cls, tag in ((PlainStep, "plain"), (CompiledSchedule, "mine")):
+        step = cls.step
+
+        def logged(self, _step=step, _tag=tag):
+            order.append(_tag)
+            return _step(self)
+
+        monkeypatch.setattr(cls, "step", logged)
+    timing = time_in_context(cap, inst, sched, repeats=4, warmup=1)
+    assert order == ["plain", "mine"] * 5
+    assert timing.steps == 4 and np.isfinite(timing.step_se) and timing.step_se >= 0

@@ -18,6 +18,10 @@ def test_one_net_writes_its_row_and_figure(tmp_path):
     assert row["net"] == "squeezenet1_1" and int(row["pairs"]) == 3
     assert min(float(row[k]) for k in ("keep_all_ms", "plain_ms", "ratio")) > 0
     assert row["commit"]
+    # squeezenet's 26 ReLU(inplace=True): also timed against the module as written, whose
+    # peak is measured (an in-place ReLU frees nothing the peak holds there)
+    assert int(row["inplace_modules"]) == 26 and float(row["as_written_ratio"]) > 0
+    assert abs(float(row["as_written_peak_mib"]) - float(row["keep_all_peak_mib"])) <= 1.0
     png = tmp_path / "keep_all.png"
     assert png.stat().st_size > 0
     png.unlink()

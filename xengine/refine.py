@@ -49,9 +49,11 @@ class ContextRounds:
     rounds: int
     stable: bool
     profile_time_s: float
-    # the last timing in context: its instructions' median sum and a plain step beside it
+    # the last timing in context: its instructions' median sum and a plain step beside it,
+    # and the sum's standard error (relative; xengine.profile.context.ContextTiming.step_se)
     context_step_s: float | None = None
     context_plain_step_s: float | None = None
+    context_se: float = float("nan")
 
 
 def solve_in_context(
@@ -108,7 +110,9 @@ def solve_in_context(
     if not stable:
         res = _resimulated(res, here)
     profile_time_s = float(simulate(inst, res.schedule, check_budget=False).time_s)
-    done = ContextRounds(r, stable, profile_time_s, timing.step_s, timing.plain_step_s)
+    done = ContextRounds(
+        r, stable, profile_time_s, timing.step_s, timing.plain_step_s, timing.step_se
+    )
     return res, here, done
 
 

@@ -16,12 +16,14 @@ costs the mean of its computations, so that the simulator's sum over the schedul
 measured sum. The median over ``repeats`` steps is taken.
 
 The marks themselves cost time (a clock read and a record per instruction, a few percent of a
-step of many small ops), so each marked step is followed by an unmarked step of the same
-compiled schedule and by a plain PyTorch step, and the per-node costs are scaled to the
+step of many small ops), so each marked step is followed by a plain PyTorch step and an
+unmarked step of the same compiled schedule, and the per-node costs are scaled to the
 unmarked steps. This machine's speed drifts by 10-30 % within minutes and a step's time
 correlates with the next one's, so the step time is taken as the median ratio of each unmarked
-step to the plain step beside it, times the plain steps' median: the schedule's time at the
-machine's median speed over the timing, not at whichever speed its own steps happened to meet.
+step to the plain step before it (one pair of :mod:`xengine.profile.paired`, as the benchmarks
+measure), times the plain steps' median: the schedule's time at the machine's median speed over
+the timing, not at whichever speed its own steps happened to meet. Its standard error goes
+with it: a later measurement of the same schedule differs by about that much by chance.
 
 CPU devices only: on CUDA each mark would need a synchronisation or an event per
 instruction; a mix with a CUDA device keeps the profile's costs (the caller says so).
@@ -36,6 +38,7 @@ from dataclasses import dataclass
 
 from xengine.graph.capture import CapturedModel
 from xengine.problem import Instance
+from xengine.profile.paired import median_se, ratios
 from xengine.schedule import Schedule
 
 
@@ -52,12 +55,17 @@ class ContextTiming:
     ``step_s``, the schedule's unmarked step time (module docstring); ``plain_step_s``, the
     median of plain PyTorch steps run between them (the machine's speed at that moment: what a
     measured step time is compared with later); ``over_plain``, the median ratio of the
-    unmarked steps to the plain steps beside them (None without plain steps)."""
+    unmarked steps to the plain steps beside them (None without plain steps); ``step_se``,
+    the standard error of ``step_s`` (relative: of ``over_plain`` where there are plain
+    steps), from ``steps`` unmarked steps: how far a later measurement of the same schedule
+    may fall from it by chance."""
 
     cost_s: dict[str, dict[str, float]]
     step_s: float
     plain_step_s: float | None
     over_plain: float | None = None
+    step_se: float = float("nan")
+    steps: int = 0
 
 
 def time_in_context(
@@ -73,8 +81,8 @@ def time_in_context(
     """Every node the schedule computes, timed inside the schedule's own steps (module
     docstring), ``warmup`` steps and then at least ``repeats``, more until they took
     ``min_s`` seconds (``most`` at most: a short step is as noisy as a long one, and its
-    median needs as many of them), each followed by an unmarked step and a plain step
-    (``plain``).
+    median needs as many of them), each followed by a plain step (``plain``) and an unmarked
+    step.
 
     Per node the median over the steps is taken, and all of them are then scaled by one
     factor so that their sum is the unmarked step time (less its copies' share): the rare
@@ -99,8 +107,10 @@ def time_in_context(
         while r < warmup + repeats or (spent_s < min_s and r < warmup + most):
             t0 = time.perf_counter()
             spans, marked_s = _one_step(exe, program)
-            dt_step = exe.step()[0]
+            # then one pair as the benchmarks take them (xengine.profile.paired): the plain
+            # step first, so that the schedule's step follows a plain step, as it does there
             dt_plain = ref.step()[0] if ref is not None else None
+            dt_step = exe.step()[0]
             r += 1
             if r <= warmup:
                 continue
@@ -124,11 +134,11 @@ def time_in_context(
     counts = dict(count)  # the same in every step
     summed = sum(medians[k] * max(counts.get(k, 1), 1) for k in medians)
     plain_step_s = over_plain = None
+    se = median_se(unmarked_s)
     if plain_s:
         plain_step_s = float(statistics.median(plain_s))
-        over_plain = float(
-            statistics.median(a / b for a, b in zip(unmarked_s, plain_s, strict=True))
-        )
+        over = ratios(unmarked_s, plain_s)
+        over_plain, se = float(statistics.median(over)), median_se(over)
         step_s = over_plain * plain_step_s
     else:
         step_s = float(statistics.median(unmarked_s))
@@ -137,7 +147,7 @@ def time_in_context(
     out: dict[str, dict[str, float]] = {d: {} for d in inst.devices}
     for (d, v), t in medians.items():
         out[d][g.nodes[v].name] = float(t * scale)
-    return ContextTiming(out, step_s, plain_step_s, over_plain)
+    return ContextTiming(out, step_s, plain_step_s, over_plain, float(se), len(unmarked_s))
 
 
 def _marked_program(exe) -> list[tuple]:
