@@ -37,3 +37,22 @@ def test_within_five_percent_or_twice_the_standard_error_of_the_two_medians():
     assert s["within_5pct"] == "1/4"
     assert s["within_5pct_or_noise"] == "2/4"
     assert s["fastest_predicted_is_fastest"] == "50%:ok"
+
+
+def test_the_fastest_prediction_is_ranked_in_plain_step_units():
+    """Two schedules timed in context at different machine speeds: in milliseconds the
+    second looks faster (its context met a fast minute), in plain-step units the first is;
+    the first is measured fastest, so the verdict is ok, and it would be missed if the
+    milliseconds ranked them."""
+    rows = [
+        _row("keep_all", 0.0, None, 1.0) | {"norm_err_pct": None},
+        # predicted 1.9x plain at a slow minute (80 ms), measured 1.9x
+        _row("fast", 0.0, 1.0, 1.0, pred=80.0, ratio=1.9),
+        # predicted 2.2x plain at a fast minute (66 ms), measured 2.2x
+        _row("slow", 0.0, 1.0, 1.0, pred=66.0, ratio=2.2),
+    ]
+    (s,) = summarize(rows)
+    assert s["fastest_predicted_is_fastest"] == "50%:ok"
+    rows[1]["norm_err_pct"] = rows[2]["norm_err_pct"] = None  # no context: milliseconds
+    (s,) = summarize(rows)
+    assert s["fastest_predicted_is_fastest"] == "50%:MISSED"
