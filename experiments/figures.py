@@ -57,12 +57,14 @@ if str(ROOT) not in sys.path:
 
 from xengine.records.tracking import resolve_tracking_uri  # noqa: E402
 from xengine.solvers.model import SOLUTION_STATUSES  # noqa: E402
-from xengine.strategies.registry import SINGLE_DEVICE  # noqa: E402
+from xengine.strategies.registry import SINGLE_DEVICE, STRATEGIES  # noqa: E402
 
 log = logging.getLogger("figures")
 
 MIB = 2**20
-SOLVER_STRATEGIES = ("checkmate", "lp_rounding", "xengine")  # their solve time is a solver's
+SOLVER_STRATEGIES = tuple(  # their solve time is a solver's
+    name for name, spec in STRATEGIES.items() if spec.uses_solver or spec.takes_options
+)
 COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 STRATEGY_ORDER = ("xengine", *SINGLE_DEVICE, "pytorch")
 

@@ -42,6 +42,8 @@ sys.path.insert(0, str(ROOT))
 from experiments.solver_benchmark import parse_cell  # noqa: E402
 from experiments.time_fidelity import NETS  # noqa: E402
 from experiments.time_fidelity import pairs as timed_pairs  # noqa: E402
+from xengine.config import MALLOCS  # noqa: E402
+from xengine.execute import allocator  # noqa: E402
 from xengine.execute.executor import CompiledSchedule, PlainStep  # noqa: E402
 from xengine.problem import Instance  # noqa: E402
 from xengine.profile.paired import median_se  # noqa: E402
@@ -148,6 +150,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seconds", type=float, default=4.0, help="seconds of pairs, at least")
     ap.add_argument("--most", type=int, default=150, help="pairs per net, at most")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument(
+        "--malloc",
+        choices=MALLOCS,
+        default="steady",
+        help="glibc's thresholds fixed (as run.py runs) or as glibc sets them",
+    )
     ap.add_argument("--replot", action="store_true", help="only the figure, from the CSV in --out")
     args = ap.parse_args(argv)
     if args.replot:
@@ -157,13 +165,16 @@ def main(argv: list[str] | None = None) -> None:
         return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("xengine").setLevel(logging.WARNING)
+    if args.malloc == "steady":
+        allocator.steady_malloc()
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     commit = _commit()
     t0 = time.perf_counter()
     for k, net in enumerate(args.nets):
         log.info("[%d/%d] %s (%.0f s so far)", k + 1, len(args.nets), net, time.perf_counter() - t0)
-        rows.append(measure(net, args.pairs, args.seconds, args.most) | {"commit": commit})
+        row = measure(net, args.pairs, args.seconds, args.most)
+        rows.append(row | {"commit": commit, "malloc": allocator.mode()})
         log.info("%s: keep-everything / plain = %.3f", net, rows[-1]["ratio"])
         with open(args.out / "keep_all.csv", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))

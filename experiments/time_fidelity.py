@@ -53,6 +53,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
+from operator import itemgetter
 from pathlib import Path
 
 import matplotlib
@@ -66,18 +67,20 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from experiments.solver_benchmark import parse_cell  # noqa: E402
+from xengine.config import MALLOCS  # noqa: E402
+from xengine.execute import allocator  # noqa: E402
 from xengine.execute.executor import CompiledSchedule, PlainStep  # noqa: E402
 from xengine.problem import Instance  # noqa: E402
 from xengine.profile import paired  # noqa: E402
 from xengine.profile.profiler import apply_profile, profile_model  # noqa: E402
 from xengine.profile.workspace import capture_net  # noqa: E402
-from xengine.protocol import plan, warm_start  # noqa: E402
+from xengine.protocol import solve_jobs  # noqa: E402
 from xengine.records.plots import save_figure  # noqa: E402
 from xengine.refine import solve_in_context  # noqa: E402
 from xengine.schedule import keep_all_schedule  # noqa: E402
 from xengine.simulate import keep_all_peak_bytes, simulate  # noqa: E402
 from xengine.solvers import SolverOptions  # noqa: E402
-from xengine.strategies.registry import STRATEGIES, SolveSettings  # noqa: E402
+from xengine.strategies.registry import SolveSettings, joining_mixes  # noqa: E402
 
 log = logging.getLogger("time_fidelity")
 OUT = ROOT / "results" / "time_fidelity"
@@ -128,29 +131,22 @@ _noise, _median_se = paired.noise, paired.median_se
 def solve_all(cap, graph, devices, budgets_pct, strategies, settings, rounds) -> list[Entry]:
     """Every strategy at every budget, solved in context; keep-everything as its own row."""
     entries: list[Entry] = []
-    names = list(strategies) + (["xengine"] if len(devices) > 1 else [])
+    joining = [n for n in joining_mixes() if n not in strategies] if len(devices) > 1 else []
+    names = [*strategies, *joining]
     tag = "+".join(devices)
     for pct in budgets_pct:
         budgets = tuple(int(keep_all_peak_bytes(graph, d) * pct / 100) for d in devices)
         inst = Instance(graph, devices, budgets)
-        alone = []
-        for job in plan(inst, names):
-            start = None
-            if job.name == "xengine":
-                found = warm_start(inst, alone, settings.solver, settings.options, "exact")
-                start = None if found is None else found[1]
+
+        def solve(job, start):
             t0 = time.perf_counter()
             res, costed, ctx = solve_in_context(
-                job.name,
-                job.inst,
-                settings,
-                cap,
-                rounds=rounds,
-                warm_start=start,
-                label=job.label,
+                job.name, job.inst, settings, cap, rounds=rounds, warm_start=start, label=job.label
             )
-            if STRATEGIES[job.name].one_device:
-                alone.append(res)
+            return res, costed, ctx, time.perf_counter() - t0
+
+        solved = solve_jobs(inst, names, settings, solve, result_of=itemgetter(0))
+        for job, (res, costed, ctx, seconds) in solved:
             e = Entry(cap.net, tag, pct, job.label, res.status)
             if res.has_schedule and res.sim.within_budget:
                 e.inst, e.sched = costed, res.schedule
@@ -168,7 +164,7 @@ def solve_all(cap, graph, devices, budgets_pct, strategies, settings, rounds) ->
                 job.label,
                 res.status,
                 "-" if e.pred_s is None else f"{e.pred_s * 1e3:.2f}",
-                time.perf_counter() - t0,
+                seconds,
             )
             entries.append(e)
     return entries
@@ -246,6 +242,7 @@ def _measured_rows(cap, graph, entries: list[Entry], devices, args, size) -> lis
             "budget_pct": e.budget_pct,
             "strategy": e.label,
             "status": e.status,
+            "malloc": allocator.mode(),
         }
         if e.key:
             ts, plain_ts = times[e.key], times[f"{e.key}|pytorch"]
@@ -465,6 +462,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--image-size", type=int, default=64, help="for nets not in the table")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument(
+        "--malloc",
+        choices=MALLOCS,
+        default="steady",
+        help="glibc's thresholds fixed (as run.py runs) or as glibc sets them",
+    )
+    ap.add_argument(
         "--replot", action="store_true", help="only the summary and figure from the CSV in --out"
     )
     args = ap.parse_args(argv)
@@ -475,6 +478,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     for noisy in ("xengine", "baselines"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    if args.malloc == "steady":
+        allocator.steady_malloc()
     settings = SolveSettings(options=SolverOptions(time_limit_s=args.time_limit))
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []

@@ -95,3 +95,67 @@ def test_the_registry_names_every_heuristic_of_the_baselines():
     assert tuple(TABLE) == HEURISTICS
     assert all(load(name) is TABLE[name] for name in HEURISTICS)
     assert all(STRATEGIES[name].one_device for name in HEURISTICS)
+
+
+@pytest.mark.parametrize("formulation", ["exact", "intervals"])
+@pytest.mark.parametrize("coarsen", [None, 2])
+def test_each_strategy_declares_the_arguments_its_function_takes(formulation, coarsen):
+    """The registry's flags are a strategy's calling convention: what :meth:`call` passes
+    binds to the function it names, and a function's settings come from those flags (a
+    solver strategy gets the run's options, XEngine its formulation and, unless coarsened,
+    the warm start)."""
+    import inspect
+
+    from xengine.strategies.registry import STRATEGIES, SolveSettings
+
+    settings = SolveSettings(
+        solver="highs", options=OPTS, formulation=formulation, coarsen=coarsen, seed=7
+    )
+    start = object()
+    for name, spec in STRATEGIES.items():
+        fn, kwargs = spec.call(name, settings, start, progress=print)
+        inspect.signature(fn).bind(Instance.__new__(Instance), **kwargs)  # raises if not
+        assert ("options" in kwargs) == (spec.uses_solver or spec.takes_options), name
+        assert ("seed" in kwargs) == spec.takes_seed, name
+        assert ("progress" in kwargs) == spec.shows_progress, name
+        assert (kwargs.get("warm_start") is start) == (spec.heterogeneous and coarsen is None)
+        if spec.heterogeneous:
+            assert kwargs["formulation"] == formulation
+            assert kwargs["solver"] == ("cpsat" if formulation == "intervals" else "highs")
+            assert ("max_group" in kwargs) == (coarsen is not None)
+
+
+def test_one_run_path_solves_single_devices_first_and_warm_starts_the_mix(monkeypatch):
+    """:func:`xengine.protocol.solve_jobs`: the single-device jobs come first, each on each
+    device alone; a heterogeneous strategy gets the protocol's warm start, computed from
+    the single-device results that came before it, and seen by ``on_start``."""
+    from xengine import protocol
+    from xengine.result import StrategyResult
+    from xengine.strategies.registry import SolveSettings
+
+    inst = Instance(_split(), ("a", "b"), (10**6, 10**6))
+    seen: list[tuple[str, object]] = []
+    handed: list[list[str]] = []
+
+    def fake_warm_start(inst_, alone, *args):
+        handed.append([r.strategy + "." + r.devices[0] for r in alone])
+        return ("fake start", "SCHEDULE", 1.0)
+
+    monkeypatch.setattr(protocol, "warm_start", fake_warm_start)
+
+    def solve(job, start):
+        seen.append((job.label, start))
+        return StrategyResult(job.name, job.inst.devices, job.inst.budget_bytes, "infeasible")
+
+    said = []
+    names = ("xengine", "chen_greedy", "checkmate")
+    settings = SolveSettings()
+    jobs = list(protocol.solve_jobs(inst, names, settings, solve, lambda s, t: said.append(s)))
+    labels = [label for label, _ in seen]
+    singles = ["chen_greedy.a", "chen_greedy.b", "checkmate.a", "checkmate.b"]
+    assert labels == [*singles, "xengine"]  # the order asked for, the mix last
+    assert all(start is None for _, start in seen[:-1])
+    assert seen[-1][1] == "SCHEDULE"
+    assert handed == [singles]
+    assert said == [("fake start", "SCHEDULE", 1.0)]
+    assert [job.label for job, _ in jobs] == labels

@@ -20,10 +20,14 @@ from xengine.strategies.registry import (
     LP_BOUND_MODES,
     STRATEGIES,
     SolveSettings,
+    joining_mixes,
 )
 from xengine.units import MemorySpec, MemorySpecError, parse_memory
 
 MODES = ("train", "infer")
+MALLOCS = ("steady", "system")
+"""``malloc=``: glibc's thresholds fixed while the run times steps
+(:func:`xengine.execute.allocator.steady_malloc`), or left as glibc sets them."""
 
 
 class ConfigError(ValueError):
@@ -73,6 +77,7 @@ class RunConfig:
     # run again on those costs (xengine.refine); 0 keeps the keep-everything profile's costs
     context_rounds: int = 2
     progress: bool = True
+    malloc: str = "steady"  # steady | system (MALLOCS)
     seed: int = 0
     grad_rtol: float = 1e-4
     grad_atol: float = 1e-6
@@ -102,10 +107,11 @@ class RunConfig:
 
     @property
     def run_strategies(self) -> tuple[str, ...]:
-        """The strategies that run: ``strategies``, plus ``xengine`` with several devices."""
-        if len(self.devices) > 1 and "xengine" not in self.strategies:
-            return (*self.strategies, "xengine")
-        return tuple(self.strategies)
+        """The strategies that run: ``strategies``, plus those that join every run over
+        several devices (XEngine's model, :attr:`StrategySpec.heterogeneous`)."""
+        if len(self.devices) < 2:
+            return tuple(self.strategies)
+        return (*self.strategies, *(s for s in joining_mixes() if s not in self.strategies))
 
     def memory_texts(self) -> tuple[str, ...]:
         """One memory string per device, in device order."""
@@ -163,6 +169,8 @@ class RunConfig:
         """Cheap checks of every value; returns the parsed budgets."""
         if self.mode not in MODES:
             raise ConfigError(f"mode={self.mode!r} is not one of {', '.join(MODES)}")
+        if self.malloc not in MALLOCS:
+            raise ConfigError(f"malloc={self.malloc!r} is not one of {', '.join(MALLOCS)}")
         if not self.devices or any(not d for d in self.devices):
             raise ConfigError("devices is empty: name at least one device, e.g. devices=cpu")
         same = [_canonical_device(d) for d in self.devices]
@@ -201,7 +209,9 @@ class RunConfig:
             raise ConfigError(
                 f"formulation.coarsen={self.coarsen} must be at least 1 (or null: off)"
             )
-        if self.coarsen is not None and "xengine" not in self.run_strategies:
+        if self.coarsen is not None and not any(
+            STRATEGIES[s].heterogeneous for s in self.run_strategies
+        ):
             raise ConfigError(
                 f"formulation.coarsen={self.coarsen} applies to the xengine strategy, which this "
                 "run does not have: give two or more devices, or add xengine to strategy=[...]"

@@ -38,6 +38,7 @@ from xengine.commandline import (
     strategies_of,
 )
 from xengine.config import ConfigError, RunConfig
+from xengine.execute.allocator import steady_malloc
 from xengine.graph.types import GraphError, InternalError
 from xengine.pipeline import run_pipeline
 from xengine.prepare import Prepared, prepare
@@ -68,7 +69,9 @@ def run_job(cfg: DictConfig) -> None:
         console = _level(cfg.log_level)
         _set_console_level(console)
         run_cfg = run_config_from(cfg)
-        prepared = prepare(run_cfg)
+        prepared = prepare(run_cfg)  # checks the config; captures, does not time
+        if run_cfg.malloc == "steady":  # before anything is profiled or timed
+            steady_malloc()
         note = one_device_note(cfg, run_cfg)
         if note and not multirun:  # after the input checks: bad input stays one line
             log.warning("%s", note)

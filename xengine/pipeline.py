@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import time
 from collections.abc import Mapping
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -27,7 +27,7 @@ from xengine.execute.grads import check_grads, reference_devices
 from xengine.prepare import Prepared, measure_profile, prepare
 from xengine.problem import Instance
 from xengine.progress import StatusLine
-from xengine.protocol import plan, summarize, warm_start
+from xengine.protocol import Job, solve_jobs, summarize
 from xengine.records.record import (
     NullTracker,
     Tracker,
@@ -40,7 +40,6 @@ from xengine.records.record import (
 from xengine.refine import solve_in_context
 from xengine.result import MIB, RunRow, StrategyResult, row_of
 from xengine.schedule import Schedule
-from xengine.strategies.registry import STRATEGIES
 from xengine.units import format_bytes
 
 log = logging.getLogger(__name__)
@@ -63,12 +62,9 @@ def run_pipeline(
     rows = _references(cfg, prep, tracker) if cfg.executes else []
     references = {r.devices[0]: r.execution for r in rows if r.execution is not None}
     executed: dict[str, tuple[str, Any]] = {}  # schedule key -> (label, its execution)
-    alone: list[StrategyResult] = []
-    for job in plan(inst, cfg.run_strategies):
-        warm = None
-        if job.name == "xengine":
-            warm = _warm_start(inst, alone, cfg, tracker)
-        res, costed, rounds = solve_in_context(
+
+    def solve(job: Job, start: Schedule | None):
+        return solve_in_context(
             job.name,
             job.inst,
             cfg.settings,
@@ -76,10 +72,16 @@ def run_pipeline(
             rounds=cfg.context_rounds,
             repeats=cfg.profile_repeats,
             warmup=cfg.profile_warmup,
-            warm_start=warm,
+            warm_start=start,
             label=job.label,
             status_line=cfg.progress,
         )
+
+    def started(start: tuple[str, Schedule, float] | None, seconds: float) -> None:
+        _warm_start_said(start, seconds, tracker)
+
+    jobs = solve_jobs(inst, cfg.run_strategies, cfg.settings, solve, started, itemgetter(0))
+    for job, (res, costed, rounds) in jobs:
         row = row_of(job.label, res)
         row.alone = job.alone
         if rounds is not None:
@@ -94,8 +96,6 @@ def run_pipeline(
         rows.append(row)
         record_row(tracker, row)
         record_figures(tracker, row, job.inst)
-        if STRATEGIES[job.name].one_device:
-            alone.append(res)
     if len(cfg.devices) > 1:
         record_summary(tracker, summarize(rows))
     return rows
@@ -144,22 +144,19 @@ def _references(cfg: RunConfig, prep: Prepared, tracker: Tracker) -> list[RunRow
     return rows
 
 
-def _warm_start(
-    inst: Instance, alone: list[StrategyResult], cfg: RunConfig, tracker: Tracker
-) -> Schedule | None:
-    """XEngine's start by the rule of :func:`xengine.protocol.warm_start`, timed and tagged
+def _warm_start_said(
+    start: tuple[str, Schedule, float] | None, seconds: float, tracker: Tracker
+) -> None:
+    """XEngine's start (:func:`xengine.protocol.warm_start`), logged, timed and tagged
     (``xengine/warm_start_time_s``, ``xe.warm_start``)."""
-    t0 = time.perf_counter()
-    start = warm_start(inst, alone, cfg.solver, cfg.solver_options, cfg.formulation)
-    tracker.metrics({"xengine/warm_start_time_s": time.perf_counter() - t0})
+    tracker.metrics({"xengine/warm_start_time_s": seconds})
     if start is None:
         log.info("xengine: no schedule found that fits the per-device budgets; cold start")
         tracker.tags({"xe.warm_start": "none"})
-        return None
-    what, sched, t = start
+        return
+    what, _sched, t = start
     log.info("xengine: warm start from %s, predicted %.4g s", what, t)
     tracker.tags({"xe.warm_start": what})
-    return sched
 
 
 def _reference(cfg: RunConfig, prep: Prepared, device: str) -> RunRow:

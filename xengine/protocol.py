@@ -17,8 +17,10 @@ section 9). ``run.py`` (through :func:`xengine.pipeline.run_pipeline`), the libr
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from xengine.problem import Instance
 from xengine.result import RunRow, StrategyResult, row_of
@@ -36,6 +38,7 @@ from xengine.strategies.registry import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 # ------------------------------------------------------------------------------ which rows
@@ -67,7 +70,42 @@ def plan(inst: Instance, names: Sequence[str]) -> list[Job]:
     return jobs
 
 
+def solve_jobs(
+    inst: Instance,
+    names: Sequence[str],
+    settings: SolveSettings,
+    solve: Callable[[Job, Schedule | None], T],
+    on_start: Callable[[tuple[str, Schedule, float] | None, float], None] | None = None,
+    result_of: Callable[[T], StrategyResult] = lambda solved: solved,
+) -> Iterator[tuple[Job, T]]:
+    """The one run path of the protocol (``run.py``'s pipeline, :func:`compare` and the
+    benchmarks): every job of :func:`plan` in order, each solved by ``solve(job, start)``
+    (the caller's way: plain, or refined in context; ``result_of`` finds the
+    :class:`StrategyResult` in what it returns). A strategy that takes a warm start
+    (:attr:`StrategySpec.heterogeneous`) gets :func:`warm_start` from the single-device
+    results before it, which ``on_start(start, seconds)`` sees first. Yields each job with
+    what ``solve`` returned as soon as it is solved, so that a caller can execute and record
+    it before the next solve."""
+    alone: list[StrategyResult] = []
+    for job in plan(inst, names):
+        start = None
+        if STRATEGIES[job.name].heterogeneous:
+            t0 = time.perf_counter()
+            found = warm_start(inst, alone, settings.solver, settings.options, settings.formulation)
+            if on_start is not None:
+                on_start(found, time.perf_counter() - t0)
+            start = None if found is None else found[1]
+        solved = solve(job, start)
+        if STRATEGIES[job.name].one_device:
+            alone.append(result_of(solved))
+        yield job, solved
+
+
 # ------------------------------------------------------------------------------ warm start
+GREEDY_START = "recompute_greedy"
+"""Step 1's start on each device alone with its own budget: seconds and no solver."""
+
+
 def _what(res: StrategyResult, memory: str) -> str:
     return f"{res.strategy} on {res.devices[0]} ({memory} memory)"
 
@@ -113,7 +151,7 @@ def warm_start(
         if res.fits:
             add(_what(res, "total"), res.schedule.on_devices(inst.devices))
     own = _own_budget_instances(inst)
-    greedy = load("recompute_greedy")
+    greedy = load(GREEDY_START)
     for sub in own:
         res = greedy(sub)
         if res.fits:
@@ -147,6 +185,11 @@ def _own_budget_instances(inst: Instance) -> list[Instance]:
     ]
 
 
+FALLBACK_STARTS = tuple(name for name in ("checkmate", *HEURISTICS) if name != GREEDY_START)
+"""Step 3 of :func:`warm_start`: the single-device strategies tried on each device alone with
+its own budget when nothing else fits (``recompute_greedy`` was already tried in step 1)."""
+
+
 def _fallback_starts(
     own: Sequence[Instance], solver: str, options: SolverOptions
 ) -> list[tuple[str, Schedule]]:
@@ -161,9 +204,7 @@ def _fallback_starts(
     settings = SolveSettings(solver=solver, options=opts)
     out = []
     for sub in own:
-        for name in ("checkmate", *HEURISTICS):
-            if name == "recompute_greedy":
-                continue
+        for name in FALLBACK_STARTS:
             log.info("warm start: %s on %s alone with its own budget", name, sub.devices[0])
             res = run_strategy(name, sub, settings)
             if res.status == "error":  # a start is optional
@@ -206,11 +247,17 @@ def _fits(row: RunRow) -> bool:
     return row.result is not None and row.result.fits
 
 
+def _over_the_mix(row: RunRow) -> bool:
+    """A row of a strategy over every device of the mix (XEngine's model)."""
+    spec = STRATEGIES.get(row.strategy)
+    return spec is not None and spec.heterogeneous
+
+
 def summarize(rows: Sequence[RunRow]) -> Summary:
     """Best single-device row, XEngine's row, and the single-device rows with no schedule
     that fits the total memory, from the rows of a run over several devices."""
     singles = [r for r in rows if r.alone]
-    xe = next((r for r in rows if r.strategy == "xengine" and not r.alone), None)
+    xe = next((r for r in rows if _over_the_mix(r) and not r.alone), None)
     fitting = [r for r in singles if _fits(r)]
     best = min(fitting, key=lambda r: r.predicted_time_s) if fitting else None
     total = xe.budget_bytes if xe is not None else None
@@ -266,19 +313,17 @@ def compare(
         solver=solver, options=options or SolverOptions(), formulation=formulation
     )
     out = Comparison()
-    alone: list[StrategyResult] = []
-    for job in plan(inst, strategies):
-        warm = None
-        if job.name == "xengine":
-            start = warm_start(inst, alone, solver, settings.options, formulation)
-            if start is not None:
-                log.info("warm start: %s (%.4g s)", start[0], start[2])
-                warm = start[1]
-        res = run_strategy(job.name, job.inst, settings, warm_start=warm, label=job.label)
+
+    def solve(job: Job, start: Schedule | None) -> StrategyResult:
+        return run_strategy(job.name, job.inst, settings, warm_start=start, label=job.label)
+
+    def said(start: tuple[str, Schedule, float] | None, _seconds: float) -> None:
+        if start is not None:
+            log.info("warm start: %s (%.4g s)", start[0], start[2])
+
+    for job, res in solve_jobs(inst, strategies, settings, solve, said):
         row = row_of(job.label, res)
         row.alone = STRATEGIES[job.name].one_device  # one device too: the rows to beat
         out.rows.append(row)
-        if STRATEGIES[job.name].one_device:
-            alone.append(res)
     out.summary = summarize(out.rows)
     return out

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from xengine.execute import allocator
 from xengine.files import read_json
 from xengine.graph.capture import CapturedModel
 from xengine.graph.types import CopyModel, Graph
@@ -251,6 +252,7 @@ def profile_key(captured: CapturedModel, devices: Sequence[str]) -> dict[str, An
         "torch": torch.__version__,
         "torchvision": torchvision.__version__,
         "timing": TIMING,
+        "malloc": allocator.mode(),
     }
 
 

@@ -26,7 +26,7 @@ from xengine.result import StrategyResult
 from xengine.schedule import Schedule
 from xengine.simulate import ScheduleError, simulate
 from xengine.solvers import SolverOptions
-from xengine.solvers.model import SOLUTION_STATUSES
+from xengine.solvers.model import SOLUTION_STATUSES, ProgressFn
 from xengine.units import format_bytes
 
 log = logging.getLogger(__name__)
@@ -34,31 +34,96 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class StrategySpec:
-    """Where a strategy lives and how it is called.
+    """What a strategy is and what it declares it needs: where it lives (``target``,
+    ``module:function``) and which of a run's settings its function takes. This is the one
+    place that knows a strategy's calling convention; the protocol, the pipeline and the
+    benchmarks read these flags and never a strategy's name.
 
-    ``one_device``: it takes a single-device instance (Checkmate and its heuristics); with
-    several devices it runs once per device, alone with the total memory of all devices, as
-    in the paper's protocol. ``uses_solver``: it takes ``solver=`` and ``options=``.
+    * ``one_device``: it takes a single-device instance (Checkmate and its heuristics); with
+      several devices it runs once per device, alone with the total memory of all devices, as
+      in the paper's protocol;
+    * ``uses_solver``: it takes ``solver=`` and ``options=``; ``takes_options``: ``options=``
+      alone (LP rounding's LP); ``takes_seed``: ``seed=`` (randomised rounding);
+    * ``shows_progress``: it takes ``progress=`` and reports its incumbent during a long solve;
+    * ``heterogeneous``: XEngine's model over every device of the mix. It joins every run
+      over several devices, takes the protocol's warm start (the fastest single-device
+      schedule, :func:`xengine.protocol.warm_start`) and the formulation settings
+      (``formulation``, ``max_computes``, ``lp_bound``, ``coarsen``).
     """
 
     target: str
     one_device: bool
     uses_solver: bool
+    takes_options: bool = False
+    takes_seed: bool = False
+    shows_progress: bool = False
+    heterogeneous: bool = False
+
+    def call(
+        self,
+        name: str,
+        settings: SolveSettings,
+        warm_start: Schedule | None = None,
+        progress: ProgressFn | None = None,
+    ) -> tuple[Callable[..., StrategyResult], dict[str, Any]]:
+        """The function that runs strategy ``name`` under ``settings`` and the keyword
+        arguments it takes, from the flags above."""
+        kwargs: dict[str, Any] = {}
+        if self.uses_solver or self.takes_options:
+            kwargs["options"] = settings.options
+        if self.uses_solver:
+            kwargs["solver"] = settings.solver
+        if self.takes_seed:
+            kwargs["seed"] = settings.seed
+        if self.shows_progress and progress is not None:
+            kwargs["progress"] = progress
+        target = _load(self.target)
+        if not self.heterogeneous:
+            return target, kwargs
+        kwargs.update(solver=settings.xengine_solver, formulation=settings.formulation)
+        if settings.formulation == "intervals":
+            kwargs["build_options"] = {
+                "max_computes": settings.max_computes,
+                "lp_bound": LP_BOUND_MODES[settings.lp_bound],
+            }
+        if settings.coarsen is None:
+            return target, {**kwargs, "warm_start": warm_start}
+        # the coarse model is solved and its schedule expanded to this graph; a start for the
+        # fine graph does not fit the coarse one, so the coarse model starts without one
+        from xengine.strategies.coarsen import solve_coarse
+
+        return solve_coarse, {**kwargs, "max_group": settings.coarsen, "strategy": name}
 
 
 STRATEGIES: dict[str, StrategySpec] = {
-    "checkmate": StrategySpec("baselines.checkmate:solve_checkmate", True, True),
-    "lp_rounding": StrategySpec("baselines.lp_rounding:solve_lp_rounding", True, False),
+    "checkmate": StrategySpec(
+        "baselines.checkmate:solve_checkmate", True, True, shows_progress=True
+    ),
+    "lp_rounding": StrategySpec(
+        "baselines.lp_rounding:solve_lp_rounding",
+        True,
+        False,
+        takes_options=True,
+        takes_seed=True,
+    ),
     "checkpoint_all": StrategySpec("baselines.heuristics:solve_checkpoint_all", True, False),
     "chen_sqrtn": StrategySpec("baselines.heuristics:solve_chen_sqrtn", True, False),
     "chen_greedy": StrategySpec("baselines.heuristics:solve_chen_greedy", True, False),
     "recompute_greedy": StrategySpec("baselines.heuristics:solve_recompute_greedy", True, False),
-    "xengine": StrategySpec("xengine.strategies.solve:solve_xengine", False, True),
+    "xengine": StrategySpec(
+        "xengine.strategies.solve:solve_xengine", False, True, heterogeneous=True
+    ),
 }
 HEURISTICS = ("checkpoint_all", "chen_sqrtn", "chen_greedy", "recompute_greedy")
 SINGLE_DEVICE = tuple(name for name, spec in STRATEGIES.items() if spec.one_device)
 DEFAULT_STRATEGIES = ("checkmate", *HEURISTICS)
 """What ``run.py`` runs unless told otherwise (``strategy=[...]``); lp_rounding on request."""
+
+
+def joining_mixes() -> tuple[str, ...]:
+    """The strategies that join every run over several devices (XEngine's model)."""
+    return tuple(name for name, spec in STRATEGIES.items() if spec.heterogeneous)
+
 
 FORMULATIONS = ("exact", "paper", "intervals")
 """XEngine's model: ``exact`` (linear, equal to the simulator), ``paper`` (the published
@@ -104,32 +169,9 @@ def load(name: str) -> Callable[..., StrategyResult]:
 def strategy_kwargs(
     name: str, settings: SolveSettings, warm_start: Schedule | None = None
 ) -> tuple[Callable[..., StrategyResult], dict[str, Any]]:
-    """The function that runs ``name`` under ``settings`` and the keyword arguments it takes:
-    the one place that knows each strategy's calling convention."""
-    spec = STRATEGIES[name]
-    kwargs: dict[str, Any] = {}
-    if spec.uses_solver:
-        kwargs.update(solver=settings.solver, options=settings.options)
-    target = _load(spec.target)
-    if name == "xengine":
-        kwargs.update(solver=settings.xengine_solver, formulation=settings.formulation)
-        kwargs["warm_start"] = warm_start
-        if settings.formulation == "intervals":
-            kwargs["build_options"] = {
-                "max_computes": settings.max_computes,
-                "lp_bound": LP_BOUND_MODES[settings.lp_bound],
-            }
-        if settings.coarsen is not None:
-            # the coarse model is solved and its schedule expanded to this graph; a start for
-            # the fine graph does not fit the coarse one, so the coarse model starts without one
-            from xengine.strategies.coarsen import solve_coarse
-
-            kwargs.pop("warm_start")
-            kwargs.update(max_group=settings.coarsen, strategy=name)
-            target = solve_coarse
-    if name == "lp_rounding":  # the LP runs under the same options (time limit, threads)
-        kwargs.update(seed=settings.seed, options=settings.options)
-    return target, kwargs
+    """The function that runs ``name`` under ``settings`` and the keyword arguments it takes
+    (:meth:`StrategySpec.call`)."""
+    return STRATEGIES[name].call(name, settings, warm_start)
 
 
 def run_strategy(
@@ -152,9 +194,7 @@ def run_strategy(
     unfit = inst.unfit_message()
     if unfit is not None:
         return StrategyResult(name, inst.devices, inst.budget_bytes, "infeasible", message=unfit)
-    target, kwargs = strategy_kwargs(name, settings, warm_start)
-    if name == "checkmate":
-        kwargs.update(progress=_progress(label))
+    target, kwargs = STRATEGIES[name].call(name, settings, warm_start, _progress(label))
     budgets = ", ".join(format_bytes(b) for b in inst.budget_bytes)
     log.info("%s: solving on %s, budget %s", label, ",".join(inst.devices), budgets)
     t0 = time.perf_counter()
