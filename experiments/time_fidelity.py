@@ -464,8 +464,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--malloc",
         choices=MALLOCS,
-        default="steady",
-        help="glibc's thresholds fixed (as run.py runs) or as glibc sets them",
+        default="system",
+        help="glibc as it is (as run.py runs by default) or its thresholds fixed (malloc=steady)",
     )
     ap.add_argument(
         "--replot", action="store_true", help="only the summary and figure from the CSV in --out"

@@ -8,11 +8,10 @@ and are reused. The threshold moves: each ``free`` of an mmapped chunk raises it
 chunk's size (up to 32 MiB), and the heap's top is given back to the system above a *trim
 threshold* that moves with it. So the same step costs what the process's history has set:
 measured on resnet18 b2 32 px, a plain PyTorch step took 62.7 ms alone in a process and 34 ms
-after a few executor steps (docs/measurements.md, "The compiled executor"), and a schedule of
-other tensor sizes than the plain step's moves the two differently. A prediction made at one
-moment of a process and a measurement made minutes later then disagree by 10 % and more on
-nets whose activations are megabytes (resnet18 b4 128 px), though neither the schedule nor
-the machine changed.
+after a few executor steps (docs/measurements.md, "The compiled executor"). A schedule whose
+tensors have other sizes than the plain step's can move the two differently, so that a ratio
+timed at one moment of a process and measured minutes later may differ though neither the
+schedule nor the machine did (how much it matters: docs/measurements.md, "Time fidelity").
 
 :func:`steady_malloc` fixes both thresholds, as ``mallopt`` allows (which also turns the
 moving threshold off): chunks up to 32 MiB, the most glibc takes, come from the heap, larger
@@ -21,9 +20,9 @@ the same for its memory whatever ran before it, the plain step as much as a sche
 CPU performance guide gets the same by preloading another allocator (jemalloc or tcmalloc);
 this needs no library to install. Memory *measurements* do not change: the executor counts
 the bytes torch asks for, not the pages the process holds (which stay at the step's
-high-water mark). ``run.py`` calls it at start (``malloc=steady``, the default;
-``malloc=system`` leaves glibc as it is), as do the timing benchmarks; a library user calls it
-once before profiling. Without glibc (macOS, musl) it does nothing and says so.
+high-water mark). ``run.py malloc=steady`` calls it at start (the default, ``malloc=system``,
+leaves glibc as it is), as do the timing benchmarks with ``--malloc steady``; a library user
+calls it once before profiling. Without glibc (macOS, musl) it does nothing and says so.
 """
 
 from __future__ import annotations
