@@ -436,15 +436,22 @@ def plot(rows: list[dict], path: Path) -> None:
     save_figure(fig, path)
 
 
+def _minor_label(x: float, _pos) -> str:
+    """A minor tick's label on a log axis: only where its leading digit is 2, 3 or 5, so that
+    the labels of a decade do not run into each other."""
+    lead = f"{x:e}"[0]
+    return f"{x:g}" if lead in "235" else ""
+
+
 def _diagonal(ax, values: list[float]) -> None:
     lo, hi = min(values) * 0.8, max(values) * 1.25
     xs = np.geomspace(lo, hi, 50)
     ax.plot(xs, xs, color="k", lw=0.8)
     ax.fill_between(xs, xs * 0.95, xs * 1.05, color="k", alpha=0.08, label="+-5 %")
     ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi))
-    for axis in (ax.xaxis, ax.yaxis):  # plain numbers, not powers of ten
+    for axis in (ax.xaxis, ax.yaxis):  # plain numbers, not powers of ten; minor ticks 2, 3, 5
         axis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-        axis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        axis.set_minor_formatter(matplotlib.ticker.FuncFormatter(_minor_label))
 
 
 def main(argv: list[str] | None = None) -> None:
