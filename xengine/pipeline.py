@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Mapping
+from functools import partial
 from operator import itemgetter
 from typing import Any
 
@@ -77,9 +78,7 @@ def run_pipeline(
             status_line=cfg.progress,
         )
 
-    def started(start: tuple[str, Schedule, float] | None, seconds: float) -> None:
-        _warm_start_said(start, seconds, tracker)
-
+    started = partial(_warm_start_said, tracker=tracker)
     jobs = solve_jobs(inst, cfg.run_strategies, cfg.settings, solve, started, itemgetter(0))
     for job, (res, costed, rounds) in jobs:
         row = row_of(job.label, res)
