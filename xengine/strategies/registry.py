@@ -166,14 +166,6 @@ def load(name: str) -> Callable[..., StrategyResult]:
     return _load(STRATEGIES[name].target)
 
 
-def strategy_kwargs(
-    name: str, settings: SolveSettings, warm_start: Schedule | None = None
-) -> tuple[Callable[..., StrategyResult], dict[str, Any]]:
-    """The function that runs ``name`` under ``settings`` and the keyword arguments it takes
-    (:meth:`StrategySpec.call`)."""
-    return STRATEGIES[name].call(name, settings, warm_start)
-
-
 def run_strategy(
     name: str,
     inst: Instance,
