@@ -109,15 +109,20 @@ def test_each_strategy_declares_the_arguments_its_function_takes(formulation, co
     from xengine.strategies.registry import STRATEGIES, SolveSettings
 
     settings = SolveSettings(
-        solver="highs", options=OPTS, formulation=formulation, coarsen=coarsen, seed=7
+        solver="highs", options=OPTS, formulation=formulation, coarsen=coarsen, seed=7, n_steps=3
     )
-    start = object()
+    start, net = object(), object()
     for name, spec in STRATEGIES.items():
-        fn, kwargs = spec.call(name, settings, start, progress=print)
+        fn, kwargs = spec.call(name, settings, start, progress=print, captured=net)
         inspect.signature(fn).bind(Instance.__new__(Instance), **kwargs)  # raises if not
         assert ("options" in kwargs) == (spec.uses_solver or spec.takes_options), name
         assert ("seed" in kwargs) == spec.takes_seed, name
         assert ("progress" in kwargs) == spec.shows_progress, name
+        assert (kwargs.get("captured") is net) == spec.runs_in_pytorch, name
+        assert (kwargs.get("n_steps") == 3) == spec.runs_in_pytorch, name
+        if spec.runs_in_pytorch:  # PyTorch runs it: without the net it cannot run
+            with pytest.raises(ValueError, match="needs the net"):
+                spec.call(name, settings, start)
         assert (kwargs.get("warm_start") is start) == (spec.heterogeneous and coarsen is None)
         if spec.heterogeneous:
             assert kwargs["formulation"] == formulation

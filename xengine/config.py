@@ -93,6 +93,8 @@ class RunConfig:
             lp_bound=self.lp_bound,
             coarsen=self.coarsen,
             seed=self.seed,
+            n_steps=self.n_steps,
+            warmup=self.warmup,
         )
 
     @property
@@ -190,6 +192,15 @@ class RunConfig:
             )
         if len(set(self.strategies)) != len(self.strategies):
             raise ConfigError(f"strategy={','.join(self.strategies)} names a strategy twice")
+        in_pytorch = [s for s in self.strategies if STRATEGIES[s].runs_in_pytorch]
+        if in_pytorch and not self.executes:
+            why = "graph= has no net" if self.solve_only else f"execute={self.execute}"
+            if self.mode != "train":
+                why = f"mode={self.mode}"
+            raise ConfigError(
+                f"strategy {in_pytorch[0]} is run and measured by PyTorch itself: it needs a "
+                f"net, execute=true and mode=train ({why})"
+            )
         if any(STRATEGIES[s].uses_solver for s in self.run_strategies):
             if self.solver.lower() not in SOLVERS:  # known but not installed: its own message
                 raise SolverUnavailable(

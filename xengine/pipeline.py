@@ -41,6 +41,7 @@ from xengine.records.record import (
 from xengine.refine import solve_in_context
 from xengine.result import MIB, RunRow, StrategyResult, row_of
 from xengine.schedule import Schedule
+from xengine.strategies.registry import STRATEGIES
 from xengine.units import format_bytes
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,8 @@ def run_pipeline(
     executed: dict[str, tuple[str, Any]] = {}  # schedule key -> (label, its execution)
 
     def solve(job: Job, start: Schedule | None):
+        if STRATEGIES[job.name].runs_in_pytorch and cfg.executes:
+            prep.start_state.restore()  # PyTorch runs it now, from the step's start
         return solve_in_context(
             job.name,
             job.inst,
@@ -206,12 +209,51 @@ def _execute_into(
 
     A schedule already executed in this run on the same devices and budgets (keep-everything
     is often the answer of four strategies) is not run again: the row takes that measurement
-    and says so in its note, so that one schedule has one measured time."""
+    and says so in its note, so that one schedule has one measured time. A policy that
+    PyTorch ran itself (``res.pytorch``) brings its own execution, checked the same way."""
+    if res.pytorch is not None:
+        if res.pytorch.execution is None:
+            return
+        ex = res.pytorch.execution
+    else:
+        ex = _execution_of(row, res, inst, cfg, prep, executed)
+        if ex is None:
+            return
+    row.execution = ex
+    _fill_measurement(row, ex)
+    wrong = list(ex.violations)  # measured peak above budget + the executor's stated tolerance
+    checked = check_grads(ex, row.devices, references, cfg.grad_rtol, cfg.grad_atol)
+    if checked is not None:  # None: a reference step failed, nothing to compare with
+        row.grads_match, row.grads_max_rel_diff = checked
+        if not row.grads_match:
+            diff = row.grads_max_rel_diff
+            wrong.insert(
+                0,
+                "loss or gradients differ from plain PyTorch's (largest difference "
+                f"{'unknown' if diff is None else f'{diff:.3g}'} of the tensor's largest "
+                f"magnitude; rtol {cfg.grad_rtol:g}, atol {cfg.grad_atol:g})",
+            )
+    if wrong:
+        row.wrong = "; ".join(wrong)
+        log.error("%s: WRONG: %s", row.label, row.wrong)
+
+
+def _execution_of(
+    row: RunRow,
+    res: StrategyResult,
+    inst: Instance,
+    cfg: RunConfig,
+    prep: Prepared,
+    executed: dict[str, tuple[str, Any]] | None,
+) -> Any:
+    """The execution of ``res``'s schedule: run now, or the one of the same schedule earlier
+    in this run; None when there is none (no schedule, over budget, or it failed: the row's
+    note says which)."""
     if not res.has_schedule:
-        return
+        return None
     if not res.sim.within_budget:
         row.note = row.note or "not executed: over budget in the simulator"
-        return
+        return None
     from xengine.execute.executor import execute
 
     key = _schedule_key(res.schedule, inst)
@@ -232,26 +274,10 @@ def _execute_into(
             log.warning("%s: execution failed: %s: %s", row.label, type(exc).__name__, exc)
             log.info("%s execution traceback", row.label, exc_info=True)
             row.note = f"execution failed: {type(exc).__name__}: {exc}"
-            return
+            return None
         if executed is not None:
             executed[key] = (row.label, ex)
-    row.execution = ex
-    _fill_measurement(row, ex)
-    wrong = list(ex.violations)  # measured peak above budget + the executor's stated tolerance
-    checked = check_grads(ex, row.devices, references, cfg.grad_rtol, cfg.grad_atol)
-    if checked is not None:  # None: a reference step failed, nothing to compare with
-        row.grads_match, row.grads_max_rel_diff = checked
-        if not row.grads_match:
-            diff = row.grads_max_rel_diff
-            wrong.insert(
-                0,
-                "loss or gradients differ from plain PyTorch's (largest difference "
-                f"{'unknown' if diff is None else f'{diff:.3g}'} of the tensor's largest "
-                f"magnitude; rtol {cfg.grad_rtol:g}, atol {cfg.grad_atol:g})",
-            )
-    if wrong:
-        row.wrong = "; ".join(wrong)
-        log.error("%s: WRONG: %s", row.label, row.wrong)
+    return ex
 
 
 def _schedule_key(sched: Schedule, inst: Instance) -> str:

@@ -148,7 +148,7 @@ def warm_start(
             cands.append((float(sim.time_s), what, sched))
 
     for res in alone:
-        if res.fits:
+        if res.fits and res.has_schedule:  # PyTorch's own policies have no schedule of ours
             add(_what(res, "total"), res.schedule.on_devices(inst.devices))
     own = _own_budget_instances(inst)
     greedy = load(GREEDY_START)
@@ -247,6 +247,11 @@ def _fits(row: RunRow) -> bool:
     return row.result is not None and row.result.fits
 
 
+def _predicted_fit(row: RunRow) -> bool:
+    """A row that fits with a predicted time (PyTorch's own policies are measured only)."""
+    return _fits(row) and row.predicted_time_s is not None
+
+
 def _over_the_mix(row: RunRow) -> bool:
     """A row of a strategy over every device of the mix (XEngine's model)."""
     spec = STRATEGIES.get(row.strategy)
@@ -258,7 +263,7 @@ def summarize(rows: Sequence[RunRow]) -> Summary:
     that fits the total memory, from the rows of a run over several devices."""
     singles = [r for r in rows if r.alone]
     xe = next((r for r in rows if _over_the_mix(r) and not r.alone), None)
-    fitting = [r for r in singles if _fits(r)]
+    fitting = [r for r in singles if _predicted_fit(r)]
     best = min(fitting, key=lambda r: r.predicted_time_s) if fitting else None
     total = xe.budget_bytes if xe is not None else None
     return Summary(

@@ -77,7 +77,7 @@ def solve_in_context(
     not refined: ``rounds`` is 0, no captured model, a CUDA device in the mix, or no schedule
     that fits)."""
     label = label or name
-    res = run_strategy(name, inst, settings, warm_start, label, status_line)
+    res = run_strategy(name, inst, settings, warm_start, label, status_line, captured)
     if rounds <= 0 or captured is None or not _fits(res):
         return res, inst, None
     if not supports(inst):

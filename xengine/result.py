@@ -17,6 +17,28 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
+class PolicyRun:
+    """What a strategy that PyTorch runs itself (``baselines.pytorch``: its own checkpointing
+    around blocks, selective checkpointing) chose and measured; it has no schedule of ours.
+
+    ``policy``: the level chosen, in words, and ``level`` its index among the policy's
+    levels (0: no checkpoint; -1: none fits); ``tried``: ``(level, measured peak bytes)``
+    for every level measured during the search, in the order tried (the policy's own memory
+    frontier); ``execution``: the chosen level's timed step (an
+    :class:`~xengine.execute.executor.ExecutionResult`), None when no level fits."""
+
+    policy: str
+    level: int = -1
+    tried: list[tuple[str, int]] = field(default_factory=list)
+    execution: Any = None
+
+    @property
+    def smallest_peak(self) -> tuple[str, int] | None:
+        """The level with the smallest measured peak, and that peak."""
+        return min(self.tried, key=lambda t: t[1]) if self.tried else None
+
+
+@dataclass
 class StrategyResult:
     """A strategy's schedule with the simulator's verdict and, for solvers, the model's view.
 
@@ -46,6 +68,7 @@ class StrategyResult:
     n_integer: int | None = None
     message: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    pytorch: PolicyRun | None = None  # set by the strategies that PyTorch runs itself
 
     @property
     def has_schedule(self) -> bool:
@@ -54,8 +77,18 @@ class StrategyResult:
     @property
     def fits(self) -> bool:
         """The one definition of "the schedule fits" (the paper's protocol, section 6): a
-        schedule with a solution status that the simulator finds within every budget."""
-        return self.has_schedule and self.sim.within_budget and self.status in SOLUTION_STATUSES
+        schedule with a solution status that the simulator finds within every budget; for a
+        policy that PyTorch runs itself (no schedule of ours), its measured peak within every
+        budget."""
+        if self.status not in SOLUTION_STATUSES:
+            return False
+        if self.pytorch is not None:
+            ex = self.pytorch.execution
+            return ex is not None and all(
+                ex.peak_bytes.get(d, 0) <= b
+                for d, b in zip(self.devices, self.budget_bytes, strict=True)
+            )
+        return self.has_schedule and self.sim.within_budget
 
     @property
     def predicted_time_s(self) -> float | None:

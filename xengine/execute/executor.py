@@ -1587,17 +1587,32 @@ class PlainStep:
     schedules' numbers and memory are those of that module). ``as_written=True`` runs a copy
     with those flags on again, the module as its author wrote it: an in-place ReLU does not
     keep its input, so that step's peak is lower, and it is what a user who never heard of
-    xengine runs."""
+    xengine runs.
 
-    def __init__(self, captured: CapturedModel, device: str = "cpu", as_written: bool = False):
+    ``rewrite`` changes a copy of the module before it runs (PyTorch's own checkpointing,
+    ``baselines.pytorch``); that copy's buffers are not copied back at :meth:`close`: a
+    recomputed batch norm updates its running statistics twice, and the captured module keeps
+    a plain step's."""
+
+    def __init__(
+        self,
+        captured: CapturedModel,
+        device: str = "cpu",
+        as_written: bool = False,
+        rewrite: Callable[[nn.Module], None] | None = None,
+    ):
         self.captured, self.device = captured, device
         self.spec = spec = parse_device(device)
         self.dev = dev = spec.torch_device
         copied = spec.is_cuda or (as_written and bool(captured.inplace_modules))
+        copied = copied or rewrite is not None
         self.module = copy.deepcopy(captured.module) if copied else captured.module
+        self._copy_back = copied and rewrite is None
         if as_written:
             for path in captured.inplace_modules:
                 self.module.get_submodule(path).inplace = True
+        if rewrite is not None:
+            rewrite(self.module)
         self.module.to(dev)
         self.train = captured.mode == "train"
         self.module.train(self.train)
@@ -1619,7 +1634,7 @@ class PlainStep:
 
     def close(self) -> None:
         torch.set_num_threads(self._threads0)
-        if self.module is not self.captured.module:
+        if self._copy_back:
             with torch.no_grad():
                 for b, c in zip(self.captured.module.buffers(), self.module.buffers(), strict=True):
                     b.copy_(c.cpu())
@@ -1677,10 +1692,12 @@ def reference_step(
     *,
     device: str = "cpu",
     measure_memory: bool = True,
+    rewrite: Callable[[nn.Module], None] | None = None,
 ) -> ExecutionResult:
     """A plain PyTorch step (:class:`PlainStep`), timed and measured the same way as
-    :func:`execute`, from the same starting state each step."""
-    plain = PlainStep(captured, device)
+    :func:`execute`, from the same starting state each step; with ``rewrite``, the step of a
+    module that PyTorch's own checkpointing changed (``baselines.pytorch``)."""
+    plain = PlainStep(captured, device, rewrite=rewrite)
     times, peak_cuda = [], 0
     source = "cuda caching allocator statistics"
     with plain:

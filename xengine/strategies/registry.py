@@ -45,6 +45,10 @@ class StrategySpec:
     * ``uses_solver``: it takes ``solver=`` and ``options=``; ``takes_options``: ``options=``
       alone (LP rounding's LP); ``takes_seed``: ``seed=`` (randomised rounding);
     * ``shows_progress``: it takes ``progress=`` and reports its incumbent during a long solve;
+    * ``runs_in_pytorch``: PyTorch runs the strategy's policy itself (``baselines.pytorch``):
+      it takes the captured net (``captured=``) and the run's ``n_steps`` and ``warmup``, and
+      returns its measured execution instead of a schedule of ours, so it needs a net to run
+      (not ``graph=``, not ``execute=false``);
     * ``heterogeneous``: XEngine's model over every device of the mix. It joins every run
       over several devices, takes the protocol's warm start (the fastest single-device
       schedule, :func:`xengine.protocol.warm_start`) and the formulation settings
@@ -57,6 +61,7 @@ class StrategySpec:
     takes_options: bool = False
     takes_seed: bool = False
     shows_progress: bool = False
+    runs_in_pytorch: bool = False
     heterogeneous: bool = False
 
     def call(
@@ -65,10 +70,19 @@ class StrategySpec:
         settings: SolveSettings,
         warm_start: Schedule | None = None,
         progress: ProgressFn | None = None,
+        captured: Any = None,
     ) -> tuple[Callable[..., StrategyResult], dict[str, Any]]:
         """The function that runs strategy ``name`` under ``settings`` and the keyword
-        arguments it takes, from the flags above."""
+        arguments it takes, from the flags above (``captured``: the net, a
+        :class:`~xengine.graph.capture.CapturedModel`, for those that PyTorch runs)."""
         kwargs: dict[str, Any] = {}
+        if self.runs_in_pytorch:
+            if captured is None:
+                raise ValueError(
+                    f"{name} is run by PyTorch itself and needs the net: not with graph= or "
+                    "execute=false"
+                )
+            kwargs.update(captured=captured, n_steps=settings.n_steps, warmup=settings.warmup)
         if self.uses_solver or self.takes_options:
             kwargs["options"] = settings.options
         if self.uses_solver:
@@ -113,9 +127,20 @@ STRATEGIES: dict[str, StrategySpec] = {
     "xengine": StrategySpec(
         "xengine.strategies.solve:solve_xengine", False, True, heterogeneous=True
     ),
+    "torch_checkpoint": StrategySpec(
+        "baselines.pytorch:solve_torch_checkpoint", True, False, runs_in_pytorch=True
+    ),
+    "torch_sac": StrategySpec(
+        "baselines.pytorch:solve_torch_sac", True, False, runs_in_pytorch=True
+    ),
 }
 HEURISTICS = ("checkpoint_all", "chen_sqrtn", "chen_greedy", "recompute_greedy")
-SINGLE_DEVICE = tuple(name for name, spec in STRATEGIES.items() if spec.one_device)
+PYTORCH_POLICIES = tuple(name for name, spec in STRATEGIES.items() if spec.runs_in_pytorch)
+"""PyTorch's own checkpointing, run by PyTorch (``baselines.pytorch``)."""
+SINGLE_DEVICE = tuple(
+    name for name, spec in STRATEGIES.items() if spec.one_device and not spec.runs_in_pytorch
+)
+"""The single-device strategies that give a schedule of ours (solve-only runs have them all)."""
 DEFAULT_STRATEGIES = ("checkmate", *HEURISTICS)
 """What ``run.py`` runs unless told otherwise (``strategy=[...]``); lp_rounding on request."""
 
@@ -147,6 +172,8 @@ class SolveSettings:
     lp_bound: str = "before"
     coarsen: int | None = None
     seed: int = 0
+    n_steps: int = 5  # timed steps of a policy that PyTorch runs itself, after ``warmup``
+    warmup: int = 1
 
     @property
     def xengine_solver(self) -> str:
@@ -173,6 +200,7 @@ def run_strategy(
     warm_start: Schedule | None = None,
     label: str | None = None,
     status_line: bool = False,
+    captured: Any = None,
 ) -> StrategyResult:
     """Run one strategy and replay its schedule in the simulator.
 
@@ -181,16 +209,19 @@ def run_strategy(
     ``infeasible`` without a solve; a schedule the simulator
     finds over budget is ``over_budget`` whatever the solver said (:func:`overrule_by_simulator`).
     ``status_line`` shows the live status line of :class:`~xengine.progress.StatusLine`.
+    ``captured``: the net, for a strategy that PyTorch runs itself
+    (:attr:`StrategySpec.runs_in_pytorch`).
     """
     label = label or name
+    spec = STRATEGIES[name]
     unfit = inst.unfit_message()
-    if unfit is not None:
+    if unfit is not None and not spec.runs_in_pytorch:  # PyTorch's policies are measured
         return StrategyResult(name, inst.devices, inst.budget_bytes, "infeasible", message=unfit)
-    target, kwargs = STRATEGIES[name].call(name, settings, warm_start, _progress(label))
     budgets = ", ".join(format_bytes(b) for b in inst.budget_bytes)
     log.info("%s: solving on %s, budget %s", label, ",".join(inst.devices), budgets)
     t0 = time.perf_counter()
     try:
+        target, kwargs = spec.call(name, settings, warm_start, _progress(label), captured)
         with StatusLine(label, str(kwargs.get("solver", "")), enabled=status_line):
             res = target(inst, **kwargs)
     except Exception as exc:  # a failing strategy is recorded, the run goes on

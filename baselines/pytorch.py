@@ -1,0 +1,346 @@
+"""What a user reaches for before an optimiser: PyTorch's own checkpointing, run by PyTorch and
+measured like every row (docs/design.md section 6, "PyTorch's own baselines").
+
+* ``torch_checkpoint``: ``torch.utils.checkpoint.checkpoint(use_reentrant=False)`` around the
+  net's blocks (:func:`find_blocks`), checkpointing the fewest blocks whose measured peak fits
+  the budget, the blocks that save the most activation bytes first;
+* ``torch_sac``: selective activation checkpointing, torchtitan's ``op`` policy: every block
+  checkpointed with a policy (``create_selective_checkpoint_contexts``) that saves the outputs
+  of convolutions, matrix products and attention and recomputes everything else; when that
+  does not fit, only every s-th of those outputs in each block (s = 2, 3, ...), down to none.
+
+Neither is a schedule of ours: each searches levels of its policy from the least recomputation
+up, measuring each level's peak in one profiled step (the allocator's peak above the step's
+start, as every row's), and times the first level that fits like a plain step (``n_steps``
+after ``warmup``). The result carries a :class:`~xengine.result.PolicyRun` (the level chosen,
+every level's measured peak, the execution); its loss and gradients are checked against a
+plain step's like any executed schedule. A policy that fits nowhere is ``infeasible`` with the
+smallest peak it reached.
+
+A block's batch norm runs twice in training when recomputed, so its running statistics move
+twice per step (as with ``torch.utils.checkpoint`` in any training loop); loss and gradients
+are unaffected, and the policies run on a copy of the module.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
+
+from xengine.execute.executor import ExecutionResult, PlainStep, parse_device, reference_step
+from xengine.graph.capture import CapturedModel, storage_ptr
+from xengine.problem import Instance
+from xengine.result import PolicyRun, StrategyResult
+from xengine.torch_state import TorchState
+from xengine.units import format_bytes
+
+log = logging.getLogger(__name__)
+
+Rewrite = Callable[[nn.Module], None]
+BLOCK_CONTAINERS = (nn.Sequential, nn.ModuleList)
+_SAVED_OPS = (
+    "convolution.default",
+    "mm.default",
+    "addmm.default",
+    "bmm.default",
+    "baddbmm.default",
+    "_scaled_dot_product_flash_attention_for_cpu.default",
+    "_scaled_dot_product_flash_attention.default",
+    "_scaled_dot_product_efficient_attention.default",
+    "_scaled_dot_product_cudnn_attention.default",
+)
+
+
+def saved_ops() -> frozenset:
+    """The ATen ops whose outputs selective checkpointing saves (torchtitan's ``op`` policy:
+    the expensive ones), those that this torch build has."""
+    out = set()
+    for name in _SAVED_OPS:
+        packet, overload = name.split(".")
+        op = getattr(getattr(torch.ops.aten, packet, None), overload, None)
+        if op is not None:
+            out.add(op)
+    return frozenset(out)
+
+
+# ------------------------------------------------------------------------------ blocks
+def find_blocks(module: nn.Module) -> list[str]:
+    """The net's blocks, by module path: on each path down from the root, the first
+    ``nn.Sequential`` or ``nn.ModuleList`` with at least two children that have children of
+    their own; those children are blocks (a leaf layer between them is not). This is the block
+    each family's authors wrote: ResNet's residual blocks (``layer1.0`` ...), MobileNet's and
+    EfficientNet's ``features.i``, ViT's encoder layers, DenseNet's dense blocks and
+    transitions, GPT's decoder blocks."""
+    out: list[str] = []
+
+    def walk(mod: nn.Module, prefix: str) -> None:
+        kids = list(mod.named_children())
+        inner = [name for name, kid in kids if next(kid.children(), None) is not None]
+        if isinstance(mod, BLOCK_CONTAINERS) and len(inner) >= 2:
+            out.extend(prefix + name for name in inner)
+            return
+        for name, kid in kids:
+            walk(kid, f"{prefix}{name}.")
+
+    walk(module, "")
+    return out
+
+
+def saved_bytes_by_block(captured: CapturedModel, blocks: Sequence[str]) -> dict[str, int]:
+    """Bytes of activations each block keeps for the backward pass (autograd's saved
+    tensors, parameters excluded, each storage counted once), from one forward pass on a
+    copy of the module: the order in which ``torch_checkpoint`` checkpoints blocks."""
+    module = copy.deepcopy(captured.module).train(captured.mode == "train")
+    params = {storage_ptr(p) for p in module.parameters()}
+    saved, seen, current = dict.fromkeys(blocks, 0), set(), [None]
+    hooks = []
+    for path in blocks:
+        sub = module.get_submodule(path)
+        hooks.append(sub.register_forward_pre_hook(lambda m, a, p=path: current.__setitem__(0, p)))
+        hooks.append(sub.register_forward_hook(lambda m, a, o: current.__setitem__(0, None)))
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        ptr = storage_ptr(t)
+        if current[0] is not None and ptr and ptr not in params and ptr not in seen:
+            seen.add(ptr)
+            saved[current[0]] += t.untyped_storage().nbytes()
+        return t
+
+    try:
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            captured.loss(module(captured.example_input), captured.target)
+    finally:
+        for h in hooks:
+            h.remove()
+    return saved
+
+
+def checkpointed(paths: Sequence[str], context_fn: Callable | None = None) -> Rewrite:
+    """A rewrite that runs each block of ``paths`` under ``torch.utils.checkpoint`` (not
+    re-entrant; with ``context_fn``: selective). The block's ``forward`` is wrapped in
+    place, so parameter names stay those of a plain step."""
+
+    def rewrite(module: nn.Module) -> None:
+        kwargs = {"use_reentrant": False}
+        if context_fn is not None:
+            kwargs["context_fn"] = context_fn
+        for path in paths:
+            block = module.get_submodule(path)
+            block.forward = partial(checkpoint, block.forward, **kwargs)
+
+    return rewrite
+
+
+def sac_context(stride: int, counts: dict[str, int] | None = None) -> Callable:
+    """Selective checkpointing's ``context_fn``: in each checkpointed call, the outputs of
+    every ``stride``-th op of :func:`saved_ops` (the ``stride``-th, the ``2 * stride``-th,
+    ...) are saved and everything else is recomputed; ``stride`` 1 saves them all, one above
+    the most such ops in a block saves none. ``counts["most"]`` (if given) records the most
+    such ops seen in one call."""
+    ops = saved_ops()
+
+    def context_fn():
+        seen = {False: 0, True: 0}  # forward and recomputation count alike
+
+        def policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+            if op not in ops:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+            i = seen[ctx.is_recompute] = seen[ctx.is_recompute] + 1
+            if counts is not None:
+                counts["most"] = max(counts.get("most", 0), i)
+            return (
+                CheckpointPolicy.MUST_SAVE if i % stride == 0 else CheckpointPolicy.PREFER_RECOMPUTE
+            )
+
+        return create_selective_checkpoint_contexts(policy)
+
+    return context_fn
+
+
+def _most_saved_ops(captured: CapturedModel, blocks: Sequence[str]) -> int:
+    """The most :func:`saved_ops` in one block's forward (one forward pass on a copy)."""
+    counts: dict[str, int] = {}
+    module = copy.deepcopy(captured.module).train(captured.mode == "train")
+    checkpointed(blocks, sac_context(1, counts))(module)
+    with torch.enable_grad():
+        captured.loss(module(captured.example_input), captured.target)
+    return counts.get("most", 0)
+
+
+# ------------------------------------------------------------------------------ measuring
+def measured_peak_bytes(captured: CapturedModel, device: str, rewrite: Rewrite | None) -> int:
+    """The activation peak of one step of the rewritten module (after one warm-up step), as
+    the executor measures every row: the allocator's peak above the step's start."""
+    with PlainStep(captured, device, rewrite=rewrite) as step:
+        step.step()
+        if step.spec.is_cuda:
+            return step.step()[1]
+        return step.cpu_peak()[0]
+
+
+def _first_fitting(
+    levels: Sequence[tuple[str, Rewrite | None]],
+    peak_of: Callable[[Rewrite | None], int],
+    budget_bytes: int,
+    bisect: bool,
+) -> tuple[int | None, list[tuple[str, int]]]:
+    """The first level (of least recomputation first) whose measured peak fits, and every
+    level measured. ``bisect``: measure the first and the last, then halve, assuming that a
+    later level never peaks higher (checkpointing one more block); else one level after the
+    other (selective checkpointing's strides are not ordered by memory)."""
+    tried: list[tuple[str, int]] = []
+    peaks: dict[int, int] = {}
+
+    def fits(i: int) -> bool:
+        if i not in peaks:
+            peaks[i] = peak_of(levels[i][1])
+            tried.append((levels[i][0], peaks[i]))
+            log.info("%s: measured peak %s", levels[i][0], format_bytes(peaks[i]))
+        return peaks[i] <= budget_bytes
+
+    if not bisect:
+        return next((i for i in range(len(levels)) if fits(i)), None), tried
+    last = len(levels) - 1
+    if fits(0):
+        return 0, tried
+    if not fits(last):
+        return None, tried
+    lo, hi = 0, last
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+    return hi, tried
+
+
+def _run_policy(
+    name: str,
+    inst: Instance,
+    captured: CapturedModel,
+    make_levels: Callable[[CapturedModel], list[tuple[str, Rewrite | None]]],
+    bisect: bool,
+    n_steps: int,
+    warmup: int,
+) -> StrategyResult:
+    """Search the policy's levels for the first that fits ``inst``'s one budget, then time
+    it. Every measured step starts from the state the strategy was called in (random
+    generator and buffers), as a plain step does: a dropout draws the same numbers."""
+    if inst.n_devices != 1:
+        raise ValueError(f"{name} runs on one device; this instance has {inst.n_devices}")
+    device, budget = inst.devices[0], int(inst.budget_bytes[0])
+    start = TorchState(captured.module.buffers(), rng=(parse_device(device).torch_device,))
+    t0 = time.perf_counter()
+    with start:
+        levels = make_levels(captured)
+
+    def peak_of(rewrite: Rewrite | None) -> int:
+        with start:
+            return measured_peak_bytes(captured, device, rewrite)
+
+    chosen, tried = _first_fitting(levels, peak_of, budget, bisect)
+    res = StrategyResult(
+        name, inst.devices, inst.budget_bytes, "infeasible", solve_time_s=time.perf_counter() - t0
+    )
+    if chosen is None:
+        what, peak = min(tried, key=lambda t: t[1])
+        res.pytorch = PolicyRun("none fits", -1, tried)
+        res.message = (
+            f"no level fits the budget of {format_bytes(budget)}: the smallest measured peak "
+            f"is {format_bytes(peak)} ({what})"
+        )
+        return res
+    what, rewrite = levels[chosen]
+    start.restore()
+    ex = reference_step(captured, n_steps, warmup, device=device, rewrite=rewrite)
+    _check_budget(ex, device, budget)
+    res.status = "feasible"
+    res.pytorch = PolicyRun(what, chosen, tried, ex)
+    res.message = what
+    return res
+
+
+def _check_budget(ex: ExecutionResult, device: str, budget_bytes: int) -> None:
+    """The timed step's own measured peak against the budget (the search measured another
+    step of the same level); over it is a violation, which makes the row wrong."""
+    ex.budget_bytes = {device: budget_bytes}
+    peak = ex.peak_bytes[device]
+    if peak > budget_bytes:
+        ex.violations.append(
+            f"{device}: measured peak {peak} bytes is over the budget of {budget_bytes} bytes"
+        )
+
+
+# ------------------------------------------------------------------------------ strategies
+def _blocks_or_raise(captured: CapturedModel, who: str) -> list[str]:
+    blocks = find_blocks(captured.module)
+    if not blocks:
+        raise ValueError(
+            f"{who}: {type(captured.module).__name__} has no blocks to checkpoint (no "
+            "nn.Sequential or nn.ModuleList with two or more blocks in it)"
+        )
+    return blocks
+
+
+def checkpoint_levels(captured: CapturedModel) -> list[tuple[str, Rewrite | None]]:
+    """``torch_checkpoint``'s levels: no checkpoint, then ``torch.utils.checkpoint`` around
+    the k blocks that save the most bytes (:func:`saved_bytes_by_block`), k = 1 .. all."""
+    blocks = _blocks_or_raise(captured, "torch_checkpoint")
+    saved = saved_bytes_by_block(captured, blocks)
+    order = sorted(blocks, key=lambda b: -saved[b])  # stable: ties keep the net's order
+    levels: list[tuple[str, Rewrite | None]] = [("no checkpoint", None)]
+    for k in range(1, len(order) + 1):
+        ck = sorted(order[:k], key=blocks.index)
+        levels.append((f"checkpoint {k} of {len(blocks)} blocks: {_names(ck)}", checkpointed(ck)))
+    return levels
+
+
+def sac_levels(captured: CapturedModel) -> list[tuple[str, Rewrite | None]]:
+    """``torch_sac``'s levels: no checkpoint, then selective checkpointing on every block
+    (:func:`sac_context`) saving the outputs of every expensive op, one in 2, one in 3, ...,
+    then none."""
+    blocks = _blocks_or_raise(captured, "torch_sac")
+    most = _most_saved_ops(captured, blocks)
+    levels: list[tuple[str, Rewrite | None]] = [("no checkpoint", None)]
+    for stride in range(1, most + 2):
+        saving = (
+            "every conv/matmul output"
+            if stride == 1
+            else f"one in {stride} conv/matmul outputs"
+            if stride <= most
+            else "no op output"
+        )
+        what = f"selective checkpoint of {len(blocks)} blocks, saving {saving}"
+        levels.append((what, checkpointed(blocks, sac_context(stride))))
+    return levels
+
+
+def solve_torch_checkpoint(
+    inst: Instance, captured: CapturedModel, n_steps: int = 5, warmup: int = 1
+) -> StrategyResult:
+    """``torch.utils.checkpoint`` around the fewest blocks whose measured peak fits, those
+    saving the most bytes first (:func:`checkpoint_levels`); bisection over the number of
+    blocks, from none (a plain step) to all of them."""
+    return _run_policy("torch_checkpoint", inst, captured, checkpoint_levels, True, n_steps, warmup)
+
+
+def solve_torch_sac(
+    inst: Instance, captured: CapturedModel, n_steps: int = 5, warmup: int = 1
+) -> StrategyResult:
+    """Selective checkpointing on every block (:func:`sac_levels`): the first level that
+    fits, one level after the other from no checkpoint at all."""
+    return _run_policy("torch_sac", inst, captured, sac_levels, False, n_steps, warmup)
+
+
+def _names(paths: Sequence[str], most: int = 4) -> str:
+    shown = ", ".join(paths[:most])
+    return shown + (f" and {len(paths) - most} more" if len(paths) > most else "")

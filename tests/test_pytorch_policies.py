@@ -1,0 +1,159 @@
+"""PyTorch's own checkpointing as strategies (baselines/pytorch.py): run by PyTorch, measured like
+every row, with a plain step's loss and gradients."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from torch import nn
+
+from baselines.pytorch import (
+    checkpoint_levels,
+    find_blocks,
+    measured_peak_bytes,
+    sac_levels,
+    solve_torch_checkpoint,
+    solve_torch_sac,
+)
+from xengine.execute.executor import reference_step
+from xengine.graph.nets import GPTConfig, GPTDecoder
+from xengine.problem import Instance
+from xengine.profile.workspace import capture_net
+
+MIB = 2**20
+
+
+@functools.cache
+def resnet18_128():
+    return capture_net("resnet18", 4, image_size=128, num_classes=10)
+
+
+@functools.cache
+def decoder():
+    return capture_net("gpt2_small", 2, image_size=64)
+
+
+@functools.cache
+def plain(net: str):
+    cap = resnet18_128() if net == "resnet18" else decoder()
+    torch.manual_seed(0)  # the decoder's dropout: each policy starts from the same state
+    return reference_step(cap, 1, 1)
+
+
+def _inst(cap, budget_bytes: int) -> Instance:
+    return Instance(cap.graph, ("cpu",), (int(budget_bytes),))
+
+
+def test_blocks_are_the_ones_each_family_wrote():
+    import torchvision.models as tvm
+
+    assert find_blocks(tvm.resnet18()) == [f"layer{i}.{j}" for i in range(1, 5) for j in (0, 1)]
+    assert find_blocks(tvm.mobilenet_v2()) == [f"features.{i}" for i in range(19)]
+    vit = find_blocks(tvm.vit_b_16())
+    assert vit == [f"encoder.layers.encoder_layer_{i}" for i in range(12)]
+    dense = find_blocks(tvm.densenet121())
+    assert (
+        dense
+        == [f"features.{k}{i}" for i in range(1, 5) for k in ("denseblock", "transition")][:-1]
+    )
+    assert find_blocks(GPTDecoder(GPTConfig())) == [f"blocks.{i}" for i in range(4)]
+    assert find_blocks(nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2))) == []
+
+
+def _same_answer(ex, ref) -> None:
+    assert ex.loss == pytest.approx(ref.loss, rel=1e-6)
+    assert ex.param_grads.keys() == ref.param_grads.keys()
+    for name, g in ref.param_grads.items():
+        torch.testing.assert_close(ex.param_grads[name], g, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_torch_checkpoint_checkpoints_the_fewest_blocks_that_fit():
+    """At 80 % of a plain step's peak: feasible, a plain step's loss and gradients, the
+    measured peak within the budget and equal (1 MiB) to another step of the same level;
+    one block fewer does not fit."""
+    cap, ref = resnet18_128(), plain("resnet18")
+    budget = int(0.8 * ref.peak_bytes["cpu"])
+    torch.manual_seed(0)
+    res = solve_torch_checkpoint(_inst(cap, budget), cap, n_steps=1, warmup=1)
+    assert res.status == "feasible" and res.fits, res.message
+    run, ex = res.pytorch, res.pytorch.execution
+    assert ex.peak_bytes["cpu"] <= budget and not ex.violations
+    _same_answer(ex, ref)
+    levels = checkpoint_levels(cap)
+    assert 0 < run.level < len(levels) and run.policy == levels[run.level][0]
+    again = measured_peak_bytes(cap, "cpu", levels[run.level][1])
+    assert abs(again - ex.peak_bytes["cpu"]) <= MIB
+    assert measured_peak_bytes(cap, "cpu", levels[run.level - 1][1]) > budget
+
+
+def test_a_policy_that_fits_nowhere_says_its_smallest_peak():
+    cap, ref = resnet18_128(), plain("resnet18")
+    res = solve_torch_checkpoint(_inst(cap, 0.4 * ref.peak_bytes["cpu"]), cap, 1, 1)
+    assert res.status == "infeasible" and not res.fits
+    assert res.pytorch.execution is None and res.pytorch.level == -1
+    _, smallest = res.pytorch.smallest_peak
+    assert len(res.pytorch.tried) == 2  # no checkpoint, then every block: nothing to bisect
+    assert smallest < ref.peak_bytes["cpu"]
+    assert f"smallest measured peak is {smallest / MIB:.1f} MiB" in res.message
+
+
+def test_a_plain_step_that_fits_is_the_answer():
+    cap, ref = resnet18_128(), plain("resnet18")
+    res = solve_torch_sac(_inst(cap, ref.peak_bytes["cpu"]), cap, 1, 1)
+    assert res.status == "feasible" and res.pytorch.level == 0
+    assert res.pytorch.policy == "no checkpoint"
+
+
+def test_selective_checkpointing_saves_less_with_each_level_and_keeps_the_gradients():
+    """On the decoder: saving every matmul output is below a plain step's peak, saving none
+    lower still; at a budget between them the chosen level fits and gives a plain step's
+    loss and gradients."""
+    cap, ref = decoder(), plain("decoder")
+    levels = sac_levels(cap)
+    assert levels[0][0] == "no checkpoint" and levels[-1][0].endswith("saving no op output")
+    every = measured_peak_bytes(cap, "cpu", levels[1][1])
+    none = measured_peak_bytes(cap, "cpu", levels[-1][1])
+    assert none < every < ref.peak_bytes["cpu"]
+    budget = (every + none) // 2
+    torch.manual_seed(0)
+    res = solve_torch_sac(_inst(cap, budget), cap, 1, 1)
+    assert res.status == "feasible" and 1 < res.pytorch.level < len(levels)
+    assert res.pytorch.execution.peak_bytes["cpu"] <= budget
+    _same_answer(res.pytorch.execution, ref)
+
+
+def test_pytorch_policies_need_a_net_to_run():
+    from xengine.config import ConfigError, RunConfig
+
+    with pytest.raises(ConfigError, match="needs a net, execute=true"):
+        RunConfig(strategies=("torch_sac",), execute=False).validate()
+    with pytest.raises(ConfigError, match="graph= has no net"):
+        RunConfig(strategies=("torch_checkpoint",), graph_path="g.json").validate()
+
+
+def test_the_table_shows_pytorch_policies_beside_our_schedules(tmp_path):
+    """``run.py strategy=[...,torch_checkpoint,torch_sac]``: each policy is a row measured
+    like the others (grads checked against the plain step) with its level in the notes; a
+    policy that cannot fit says so with the smallest peak it reached; one MLflow run."""
+    from tests.helpers import run_cli
+
+    common = [
+        "net=resnet18",
+        "net.batch_size=2",
+        "net.image_size=64",
+        "strategy=[recompute_greedy,torch_checkpoint,torch_sac]",
+        "profile.context_rounds=0",
+        "n_steps=1",
+    ]
+    proc = run_cli(tmp_path, *common, "mem=96%")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines() if line}
+    for name in ("torch_checkpoint", "torch_sac"):
+        assert rows[name][1] == "feasible" and rows[name][-1] == "yes", proc.stdout
+    assert "  torch_checkpoint: checkpoint " in proc.stdout
+    proc = run_cli(tmp_path, *common, "mem=90%")  # every block checkpointed: 93 %
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "torch_sac: no level fits the budget" in proc.stdout
+    assert "the smallest measured peak is" in proc.stdout
