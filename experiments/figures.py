@@ -16,6 +16,11 @@ Each figure is written as ``<out>/<name>.png`` with its data beside it as ``<out
 * ``solver_scaling``: solve time against graph size (nodes), per solver and strategy.
 * ``predicted_vs_measured``: predicted against measured step time and peak memory, one point
   per executed schedule (per device for several devices), with the y = x line.
+* ``frontier``: measured peak against measured step time (as a multiple of the plain step
+  measured in the same run), one panel per net (one device): Checkmate's schedules at every
+  budget as a line, the heuristics, PyTorch's own checkpointing and the plain step; beside it
+  ``frontier_ratios.csv``: each non-Checkmate point's time over the fastest Checkmate
+  schedule measured at no more memory (the ratio at equal measured memory).
 
 Runs tagged ``xe.experiment=<name>`` by an experiment config (``conf/experiment/``) feed the
 figure of that experiment when there are any; otherwise every finished run that has the
@@ -57,7 +62,11 @@ if str(ROOT) not in sys.path:
 
 from xengine.records.tracking import resolve_tracking_uri  # noqa: E402
 from xengine.solvers.model import SOLUTION_STATUSES  # noqa: E402
-from xengine.strategies.registry import SINGLE_DEVICE, STRATEGIES  # noqa: E402
+from xengine.strategies.registry import (  # noqa: E402
+    PYTORCH_POLICIES,
+    SINGLE_DEVICE,
+    STRATEGIES,
+)
 
 log = logging.getLogger("figures")
 
@@ -66,7 +75,7 @@ SOLVER_STRATEGIES = tuple(  # their solve time is a solver's
     name for name, spec in STRATEGIES.items() if spec.uses_solver or spec.takes_options
 )
 COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-STRATEGY_ORDER = ("xengine", *SINGLE_DEVICE, "pytorch")
+STRATEGY_ORDER = ("xengine", *SINGLE_DEVICE, *PYTORCH_POLICIES, "pytorch")
 
 
 # ------------------------------------------------------------------------------ records
@@ -902,6 +911,103 @@ def predicted_vs_measured(runs: list[RunRecord], out: Path) -> Outcome:
     return outcome
 
 
+# ------------------------------------------------------------------------------ frontier
+def frontier_points(runs: list[RunRecord]) -> pd.DataFrame:
+    """Every executed single-device row that fits, and each run's plain step: measured peak
+    (MiB) and measured time, also as a multiple of the plain step of the same run (the
+    machine's speed drifts between runs; a ratio in one run does not)."""
+    rows = []
+    for r in runs_for(runs, "frontier"):
+        plain_ms = r.metric("pytorch", "measured_time_ms")
+        if len(r.devices) != 1 or not plain_ms:
+            continue
+        for label in r.labels:
+            fits = label == "pytorch" or r.fits(label)
+            t, peak = r.metric(label, "measured_time_ms"), r.metric(label, "measured_peak_mib")
+            if "." in label or not fits or t is None or peak is None:
+                continue
+            rows.append(
+                {
+                    "graph": r.graph_key,
+                    "strategy": label,
+                    "budget_mib": r.metric(label, "budget_mib"),
+                    "measured_peak_mib": peak,
+                    "measured_time_ms": t,
+                    "plain_time_ms": plain_ms,
+                    "time_over_plain": t / plain_ms,
+                    "run_id": r.run_id,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def frontier_ratios(points: pd.DataFrame, tolerance_mib: float = 1.0) -> pd.DataFrame:
+    """Each non-Checkmate point against the fastest Checkmate schedule whose measured peak is
+    at most its own (plus ``tolerance_mib``): ``ratio`` = its time / Checkmate's, both as
+    multiples of their own run's plain step; above 1, Checkmate is faster at that memory."""
+    out = []
+    for graph, sub in points.groupby("graph"):
+        ck = sub[sub["strategy"] == "checkmate"]
+        for _, p in sub[sub["strategy"] != "checkmate"].iterrows():
+            at = ck[ck["measured_peak_mib"] <= p["measured_peak_mib"] + tolerance_mib]
+            if at.empty:
+                continue
+            best = at.loc[at["time_over_plain"].idxmin()]
+            out.append(
+                {
+                    "graph": graph,
+                    "strategy": p["strategy"],
+                    "measured_peak_mib": p["measured_peak_mib"],
+                    "time_over_plain": p["time_over_plain"],
+                    "checkmate_peak_mib": best["measured_peak_mib"],
+                    "checkmate_time_over_plain": best["time_over_plain"],
+                    "ratio": p["time_over_plain"] / best["time_over_plain"],
+                }
+            )
+    return pd.DataFrame(out)
+
+
+def frontier(runs: list[RunRecord], out: Path) -> Outcome:
+    """Measured peak against measured time per net: Checkmate's line, every other point."""
+    name = "frontier"
+    points = frontier_points(runs)
+    if points.empty:
+        return _skip(name, "no executed single-device run with a plain step in the records")
+    graphs = sorted(points["graph"].unique())
+    cols = min(3, len(graphs))
+    rows_n = math.ceil(len(graphs) / cols)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(5.2 * cols, 4.2 * rows_n), squeeze=False)
+    for ax, graph in zip(axes.flat, graphs, strict=False):
+        sub = points[points["graph"] == graph]
+        for strategy in sorted(sub["strategy"].unique(), key=_label_order):
+            pts = sub[sub["strategy"] == strategy].sort_values("measured_peak_mib")
+            st = _style(strategy, ())
+            if strategy == "pytorch":
+                kw = {"marker": "*", "ms": 12, "color": "black", "ls": "none"}
+            elif strategy == "checkmate":
+                kw = {"marker": "o", "ms": 5, "color": st["color"], "ls": "-", "lw": 1.2}
+            else:
+                marker = "X" if strategy in PYTORCH_POLICIES else "s"
+                kw = {"marker": marker, "ms": 7, "color": st["color"], "ls": "none"}
+            ax.plot(pts["measured_peak_mib"], pts["time_over_plain"], label=strategy, **kw)
+        ax.set_title(graph, fontsize=10)
+        ax.set_xlabel("measured peak (MiB)")
+        ax.set_ylabel("step time / plain step (same run)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(graphs) :]:
+        ax.axis("off")
+    fig.suptitle("Memory against time, measured: Checkmate, heuristics, PyTorch's own")
+    fig.tight_layout()
+    outcome = Outcome(name, _save(fig, points, out, name))
+    ratios = frontier_ratios(points)
+    if not ratios.empty:
+        path = out / "frontier_ratios.csv"
+        ratios.to_csv(path, index=False)
+        outcome.paths.append(path)
+    return outcome
+
+
 # ------------------------------------------------------------------------------ main
 FIGURES: dict[str, Callable[..., Outcome]] = {
     "runtime_bars": runtime_bars,
@@ -909,6 +1015,7 @@ FIGURES: dict[str, Callable[..., Outcome]] = {
     "overhead": overhead_vs_budget,
     "solver_scaling": solver_scaling,
     "predicted_vs_measured": predicted_vs_measured,
+    "frontier": frontier,
 }
 
 

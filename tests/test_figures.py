@@ -143,6 +143,38 @@ def _budget_sweep(client, exp_id, solver="highs"):
     return ids
 
 
+def _frontier_sweep(client, exp_id):
+    """One device, three budgets, executed: the plain step's time differs per run (a noisy
+    machine), Checkmate fits everywhere, torch_checkpoint at the two larger budgets,
+    torch_sac nowhere."""
+    ids = []
+    for budget, plain_ms, ck, pol in (
+        (100.0, 100.0, (95.0, 1.0), (90.0, 1.2)),
+        (80.0, 110.0, (78.0, 1.1), (75.0, 1.3)),
+        (60.0, 90.0, (58.0, 1.2), None),
+    ):
+        metrics = {"pytorch/measured_time_ms": plain_ms, "pytorch/measured_peak_mib": 100.0}
+        peak, x = ck
+        metrics |= _label_metrics("checkmate", 1.0, budget, peak, plain_ms * x, peak)
+        tags = {
+            "xe.status": "ok",
+            "xe.experiment": "frontier",
+            "xe.status.pytorch": "reference",
+            "xe.status.checkmate": "optimal",
+            "xe.status.torch_sac": "infeasible",
+            "xe.status.torch_checkpoint": "infeasible" if pol is None else "feasible",
+        }
+        metrics["torch_sac/budget_mib"] = budget
+        if pol is not None:
+            metrics |= {
+                "torch_checkpoint/budget_mib": budget,
+                "torch_checkpoint/measured_peak_mib": pol[0],
+                "torch_checkpoint/measured_time_ms": plain_ms * pol[1],
+            }
+        ids.append(_log(client, exp_id, f"frontier-{budget}", _params(), metrics, tags))
+    return ids
+
+
 def _replay_run(client, exp_id, tmp_path, logged_peak_off=0.0):
     """A solve-only run with a graph.json artifact and a schedule, no memory CSV
     (``logged_peak_off``: the logged peak disagrees with the graph by that many MiB)."""
@@ -177,6 +209,7 @@ def filled_store(uri, tmp_path):
         "no_fit": _multi_device_run(client, exp_id, xengine="infeasible"),
         "sweep": _budget_sweep(client, exp_id),
         "scip": _budget_sweep(client, exp_id, solver="scip"),
+        "frontier": _frontier_sweep(client, exp_id),
         "replay_bad": _replay_run(client, exp_id, tmp_path, logged_peak_off=1.0),
         "replay": _replay_run(client, exp_id, tmp_path),
         "bare": _log(client, exp_id, "bare", _params(), {}, {"xe.status": "ok"}),
@@ -205,6 +238,7 @@ def test_every_figure_is_written_with_its_data(filled_store, tmp_path):
         "overhead_vs_budget",
         "solver_scaling",
         "predicted_vs_measured",
+        "frontier",
     }
     for o in outcomes:
         assert not o.skipped, (o.name, o.skipped)
@@ -239,10 +273,22 @@ def test_every_figure_is_written_with_its_data(filled_store, tmp_path):
 
     pvm = pd.read_csv(out / "predicted_vs_measured.csv")
     time_rows = pvm[pvm["quantity"] == "time_ms"]
-    assert set(time_rows["label"]) == {"checkmate.cpu2", "checkmate.cpu1", "xengine"}
+    assert set(time_rows["label"]) == {"checkmate.cpu2", "checkmate.cpu1", "xengine", "checkmate"}
     multi = pvm["run_id"] == ids["multi"]
     xe_peak = pvm[multi & (pvm["quantity"] == "peak_mib") & (pvm["label"] == "xengine")]
     assert sorted(xe_peak["device"]) == ["cpu1", "cpu2"]  # one point per device
+
+    front = pd.read_csv(out / "frontier.csv")
+    assert set(front["run_id"]) == set(ids["frontier"])  # tagged runs only
+    assert sorted(front["strategy"].unique()) == ["checkmate", "pytorch", "torch_checkpoint"]
+    ck = front[front["strategy"] == "checkmate"].sort_values("measured_peak_mib")
+    assert ck["time_over_plain"].round(6).tolist() == [1.2, 1.1, 1.0]  # own run's plain step
+    ratios = pd.read_csv(out / "frontier_ratios.csv").sort_values("measured_peak_mib")
+    tc = ratios[ratios["strategy"] == "torch_checkpoint"]
+    # at 75 MiB only Checkmate's 58 MiB point is at no more memory; at 90 MiB the 78 MiB one
+    assert tc["checkmate_peak_mib"].tolist() == [58.0, 78.0]
+    assert tc["ratio"].round(6).tolist() == [round(1.3 / 1.2, 6), round(1.2 / 1.1, 6)]
+    assert set(ratios.loc[ratios["strategy"] == "pytorch", "ratio"].round(6)) == {1.0}
 
     mem = pd.concat(
         pd.read_csv(p) for p in by_name["memory_per_device"].paths if p.suffix == ".csv"

@@ -94,6 +94,16 @@ def record_row(tracker: Tracker, row: RunRow) -> None:
         tracker.text_artifact(memory_csv(row.result.sim, row.devices), f"memory/{row.label}.csv")
     if row.context_cost_s:  # what the row's prediction used: graph.json's costs, re-measured
         tracker.json_artifact(row.context_cost_s, f"costs/{row.label}.json")
+    run = row.result.pytorch if row.result is not None else None
+    if run is not None:  # PyTorch's own policy: the level chosen and every level's peak
+        tracker.json_artifact(
+            {
+                "policy": run.policy,
+                "level": run.level,
+                "tried": [{"level": what, "peak_bytes": peak} for what, peak in run.tried],
+            },
+            f"policies/{row.label}.json",
+        )
 
 
 def memory_csv(sim: Any, devices: tuple[str, ...]) -> str:
