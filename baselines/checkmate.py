@@ -27,7 +27,7 @@ from baselines.heuristics import (
 from xengine import progress as status
 from xengine.checkpoints import budget_range_message, schedule_from_checkpoints, solve_r_opt
 from xengine.problem import Instance
-from xengine.result import StrategyResult
+from xengine.result import RelaxationRun, StrategyResult
 from xengine.simulate import ScheduleError, simulate
 from xengine.solvers import MilpModel, ProgressFn, SolverOptions, solve
 from xengine.solvers.model import SOLUTION_STATUSES, relative_gap
@@ -96,7 +96,7 @@ def solve_checkmate(
     if frontier:
         best, bound_s, done = _frontier_phase(inst, solver, options, best, progress, extra, t_start)
         if done is not None:
-            return done
+            return _typed(done, extra)
     remaining = options  # the limit holds for the whole strategy, heuristics included
     if options.time_limit_s is not None:
         left_s = options.time_limit_s - (time.perf_counter() - t_start)
@@ -107,8 +107,16 @@ def solve_checkmate(
     out.solve_time_s = time.perf_counter() - t_start  # the strategy's, heuristics included
     _apply_bound(out, bound_s, options.rel_gap)
     if not out.has_schedule and best is not None and best.strategy == FRONTIER:
-        return _frontier_answer(inst, solver, best, bound_s, options.rel_gap, extra, t_start, out)
-    return out
+        out = _frontier_answer(inst, solver, best, bound_s, options.rel_gap, extra, t_start, out)
+    return _typed(out, extra)
+
+
+def _typed(res: StrategyResult, extra: dict) -> StrategyResult:
+    """What other modules read of the phases' record, onto the result's typed fields."""
+    res.frontier = extra.pop("frontier", None)
+    res.warm_start = extra.pop("warm_start", None)
+    res.time_to_first_s = extra.pop("time_to_first_s", None)
+    return res
 
 
 def _infeasible(inst: Instance, solver: str, why: str, **fields) -> StrategyResult:
@@ -184,15 +192,10 @@ def _frontier_phase(
     fr = solve_frontier(
         inst, solver, fr_options, start=None if seed is None else seed.schedule, progress=shown
     )
-    info = {
-        "status": fr.status,
-        "bound_s": fr.bound_s,
-        "solve_time_s": fr.solve_time_s,
-        "build_time_s": fr.build_time_s,
-        "n_vars": fr.n_vars,
-        "n_rows": fr.n_rows,
-    }
-    extra["frontier"] = info
+    info = RelaxationRun(
+        fr.status, fr.bound_s, fr.solve_time_s, fr.build_time_s, fr.n_vars, fr.n_rows
+    )
+    extra["frontier"] = info  # onto the result by _typed
     if fr.status == "infeasible":
         if seed is None:
             why = "the frontier relaxation of Checkmate's model "
@@ -205,13 +208,13 @@ def _frontier_phase(
             res.extra = extra
             return None, None, res
         log.warning("the frontier relaxation is infeasible, yet %s fits", seed.strategy)
-        info["contradiction"] = seed.strategy
+        info.contradiction = seed.strategy
         return seed, None, None
     if fr.S is not None:
         t0 = time.perf_counter()
         sched = solve_r_opt(inst.graph, fr.S, inst.devices[0], drop_unused=True)
         cand = evaluate(inst, FRONTIER, sched, t0)
-        info.update(schedule_time_s=cand.sim.time_s, schedule_fits=cand.sim.within_budget)
+        info.schedule_time_s, info.schedule_fits = cand.sim.time_s, cand.sim.within_budget
         if cand.sim.within_budget and (seed is None or cand.sim.time_s < seed.sim.time_s):
             seed = cand
     bound_s = fr.bound_s
@@ -268,8 +271,8 @@ def _frontier_answer(
         message=message,
         extra=extra,
     )
-    fr = extra.get("frontier", {})
-    size = (milp.n_vars, milp.n_rows) if milp else (fr.get("n_vars"), fr.get("n_rows"))
+    fr = extra.get("frontier")
+    size = (milp.n_vars, milp.n_rows) if milp else (fr.n_vars, fr.n_rows) if fr else (None, None)
     out.n_vars, out.n_rows = size
     log.info("checkmate %s: %s (%s)", inst.graph.name, out.status, message)
     return out

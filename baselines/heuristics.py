@@ -97,8 +97,9 @@ def keep_all_if_it_fits(inst: Instance, strategy: str, solver: str | None = None
     sim = simulate(inst, sched, check_budget=False)
     if not sim.within_budget or (inst.compute_s < 0).any():
         return None
-    res = evaluate(inst, strategy, sched, t0, sim=sim, extra={"nothing_to_solve": True})
+    res = evaluate(inst, strategy, sched, t0, sim=sim)
     res.status, res.solver, res.gap = "optimal", solver, 0.0
+    res.nothing_to_solve = True
     res.objective_s = res.best_bound_s = sim.time_s
     res.message = (
         f"the budget holds the keep-everything schedule (peak {int(sim.peak_bytes[0])} "

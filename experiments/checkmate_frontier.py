@@ -78,7 +78,7 @@ def run(nets, batch, budgets, time_limit_s) -> list[dict]:
                     inst, options=SolverOptions(time_limit_s=time_limit_s), frontier=frontier
                 )
                 wall = time.perf_counter() - t0
-                fr = res.extra.get("frontier", {})
+                fr = res.frontier
                 row = {
                     "net": net,
                     "batch_size": batch,
@@ -92,9 +92,11 @@ def run(nets, batch, budgets, time_limit_s) -> list[dict]:
                     "bound_ms": None if res.best_bound_s is None else res.best_bound_s * 1e3,
                     "gap_pct": None if res.gap is None else 100 * res.gap,
                     "wall_s": wall,
-                    "frontier_bound_ms": None if fr.get("bound_s") is None else fr["bound_s"] * 1e3,
-                    "frontier_s": fr.get("solve_time_s"),
-                    "start": res.extra.get("warm_start"),
+                    "frontier_bound_ms": None
+                    if fr is None or fr.bound_s is None
+                    else fr.bound_s * 1e3,
+                    "frontier_s": None if fr is None else fr.solve_time_s,
+                    "start": res.warm_start,
                 }
                 log.info("%s", {k: v for k, v in row.items() if v is not None})
                 rows.append(row)

@@ -462,18 +462,18 @@ def run_one(
         n_vars=res.n_vars,
         n_integer=res.n_integer,
         n_rows=res.n_rows,
-        nnz=res.extra.get("nnz"),
+        nnz=res.nnz,
         build_s=res.build_time_s,
         status=res.status,
-        time_to_first_s=res.extra.get("time_to_first_s"),
+        time_to_first_s=res.time_to_first_s,
         solve_s=res.solve_time_s,
         objective_s=res.objective_s,
         sim_time_s=res.sim.time_s if res.sim is not None else None,
         best_bound_s=res.best_bound_s,
         gap=res.gap,
     )
-    trace = res.extra.get("trace")
-    if trace is not None and coarsening is None and mode == "exact":
+    trace = res.trace
+    if trace and coarsening is None and mode == "exact":
         row["trace"] = trace
         for name, level in GAP_LEVELS.items():
             row[f"time_to_gap_{name}_s"] = time_to_gap_s(trace, level)
@@ -482,17 +482,19 @@ def run_one(
     if coarsening is not None:
         # the number a coarse solve reports is its expansion's fine simulated time; the coarse
         # model must still agree with the coarse simulator
-        cobj, csim = res.extra.get("coarse_objective_s"), res.extra.get("coarse_sim_time_s")
+        coarse = res.coarse
+        cobj = None if coarse is None else coarse.objective_s
+        csim = None if coarse is None else coarse.sim_time_s
         row["objective_s"] = None if res.sim is None else res.sim.time_s
         row["best_bound_s"] = row["gap"] = None
         if cobj is not None and csim is not None:
             ok = abs(cobj - csim) <= REL_TOL * max(1.0, abs(csim))
             row["agree"] = ok
-            note = f"{res.extra['coarse_nodes']} coarse nodes, coarse objective {cobj:.6g} s"
+            note = f"{coarse.nodes} coarse nodes, coarse objective {cobj:.6g} s"
             row["note"] = note if ok else f"BUG: coarse model {cobj:.9g} vs simulator {csim:.9g}"
         if res.status == "error":  # the expansion was refused by the fine simulator
             row["note"] = f"BUG: {res.message[:200]}"
-    elif res.sim is not None and res.extra.get("nothing_to_solve"):
+    elif res.sim is not None and res.nothing_to_solve:
         # the start met the placement bound: no model was built, nothing to hold to it
         row["note"] = res.message[:200]
     elif res.sim is not None:
@@ -507,11 +509,11 @@ def run_one(
     elif res.status == "error":
         row["note"] = res.message[:200]
     if mode == "intervals":  # solved inside solve_intervals, its time is in solve_s
-        row["lp_bound_s"] = res.extra.get("lp_bound_s")
+        row["lp_bound_s"] = res.lp_bound_s
     elif with_lp and res.status in ("optimal", "feasible", "no_solution"):
         row["lp_bound_s"] = _lp_bound_once(inst, options, bopts, formulation)
     if res.status in ("optimal", "feasible", "no_solution"):
-        pb = res.extra.get("placement_bound_s")
+        pb = res.placement_bound_s
         row["placement_bound_s"] = pb if pb is not None else placement_bound_s(inst, options)
     if with_rounding and inst.n_devices == 1 and res.status in ("optimal", "feasible"):
         # Checkmate's LP rounding on the same instance: how far from the (best known) optimum

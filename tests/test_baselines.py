@@ -415,7 +415,7 @@ def test_checkmate_agrees_with_simulator_and_beats_heuristics(g, budgets):
         assert res.status == "optimal", res.message
         if b >= keep_all_peak_bytes(g):
             # nothing to solve: keep-everything without a solver, and the MILP agrees
-            assert res.extra.get("nothing_to_solve") and res.gap == 0.0
+            assert res.nothing_to_solve and res.gap == 0.0
             assert res.sim.n_recomputes == 0
             assert res.sim.time_s == pytest.approx(float(inst.compute_s.sum()))
             milp = solve_xengine(inst, options=OPTS)
@@ -472,10 +472,10 @@ def test_checkmate_reports_model_size_and_warm_start():
     g = chain(6)
     res = solve_checkmate(_inst(g, 6000), options=OPTS, frontier=False)
     assert res.n_vars > 0 and res.n_rows > 0 and res.n_integer > 0
-    assert res.extra["warm_start"] in HEURISTICS
+    assert res.warm_start in HEURISTICS
     assert res.gap is not None and res.gap <= 1e-6
     cold = solve_checkmate(_inst(g, 6000), options=OPTS, warm_start=False, frontier=False)
-    assert "warm_start" not in cold.extra
+    assert cold.warm_start is None
     assert cold.sim.time_s == pytest.approx(res.sim.time_s)
 
 
@@ -550,7 +550,7 @@ def test_lp_rounding_is_reproducible_and_answers_the_keep_all_budget_without_an_
     assert (a.schedule.S == b.schedule.S).all()
     # with room for everything there is nothing to relax: keep-everything, proven optimal
     full = solve_lp_rounding(_inst(g, keep_all_peak_bytes(g)), seed=3)
-    assert full.status == "optimal" and full.extra["nothing_to_solve"] and "lp" not in full.extra
+    assert full.status == "optimal" and full.nothing_to_solve and "lp" not in full.extra
     assert full.sim.time_s == pytest.approx(full.best_bound_s, rel=1e-9)
     assert full.sim.n_recomputes == 0
 

@@ -448,7 +448,7 @@ def test_intervals_formulation_gives_xengine_the_exact_models_optimum(tmp_path):
         RunConfig(**base, formulation="intervals", lp_bound="alongside"), Recorder()
     )
     along = {r.label: r for r in rows}["xengine"].result
-    assert along.extra["lp_bound_s"] == pytest.approx(iv.extra["lp_bound_s"], rel=1e-9)
+    assert along.lp_bound_s == pytest.approx(iv.lp_bound_s, rel=1e-9)
     assert along.sim.time_s >= ex.sim.time_s - 1e-9 and along.sim.within_budget
 
 
@@ -475,7 +475,7 @@ def test_coarsen_solves_xengine_on_the_fused_graph_and_reports_the_fine_schedule
     fine = {r.label: r for r in run_pipeline(RunConfig(**base), Recorder())}["xengine"]
     assert fine.status == "optimal"
     xe = {r.label: r for r in run_pipeline(RunConfig(**base, coarsen=2), Recorder())}["xengine"]
-    assert xe.strategy == "xengine" and xe.result.extra["coarse_nodes"] == 7  # of 13
+    assert xe.strategy == "xengine" and xe.result.coarse.nodes == 7  # of 13
     if expect == "feasible":
         assert xe.status == "feasible" and xe.note.startswith("solved on the coarsened graph")
         assert xe.result.schedule.R.shape == fine.result.schedule.R.shape

@@ -336,9 +336,9 @@ def test_solve_coarse_reports_the_fine_schedule():
     assert res.schedule.R.shape == (2, g.size, g.size)
     assert res.sim.time_s == pytest.approx(simulate(inst, res.schedule).time_s)
     assert res.best_bound_s is None and res.objective_s is None
-    assert res.extra["coarse_nodes"] == c.graph.size
-    assert "placement_bound_s" not in res.extra and "lp_bound_s" not in res.extra
-    assert res.extra["coarse_objective_s"] >= res.sim.compute_time_s
+    assert res.coarse.nodes == c.graph.size
+    assert res.placement_bound_s is None and res.lp_bound_s is None
+    assert res.coarse.objective_s >= res.sim.compute_time_s
     assert res.strategy == "xengine-coarse"
 
 

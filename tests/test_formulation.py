@@ -362,7 +362,7 @@ def test_a_start_that_meets_the_placement_bound_ends_the_solve_at_once():
     inst = Instance(g, ("a", "b"), (10**9, 10**9))
     start = keep_all_schedule(inst, device=0)
     res = solve_xengine(inst, warm_start=start, options=OPTS)
-    assert res.status == "optimal" and res.extra["nothing_to_solve"] and res.gap == 0.0
+    assert res.status == "optimal" and res.nothing_to_solve and res.gap == 0.0
     assert res.n_vars is None  # no model was built
     cold = solve_xengine(inst, options=OPTS)
     assert cold.status == "optimal"
@@ -370,6 +370,6 @@ def test_a_start_that_meets_the_placement_bound_ends_the_solve_at_once():
     # a start that is not optimal is solved as before
     slow = keep_all_schedule(inst, device=1)
     res2 = solve_xengine(inst, warm_start=slow, options=OPTS)
-    assert "nothing_to_solve" not in res2.extra and res2.objective_s == pytest.approx(
+    assert not res2.nothing_to_solve and res2.objective_s == pytest.approx(
         cold.objective_s, rel=1e-9
     )

@@ -102,7 +102,7 @@ def test_bound_never_exceeds_the_milp_optimum_and_answers_agree(g):
         assert both.sim.within_budget
         assert both.sim.time_s == pytest.approx(milp.sim.time_s, rel=1e-7)
         assert both.best_bound_s <= both.sim.time_s
-        assert "frontier" in both.extra
+        assert both.frontier is not None
 
 
 def test_frontier_settles_a_chain_without_the_milp():
@@ -112,7 +112,7 @@ def test_frontier_settles_a_chain_without_the_milp():
     assert res.status == "optimal" and res.gap <= 1e-9
     assert "raw_sim" not in res.extra  # the MILP did not run
     assert "proven optimal by the frontier relaxation" in res.message
-    assert res.n_vars == res.extra["frontier"]["n_vars"]
+    assert res.n_vars == res.frontier.n_vars
 
 
 def test_a_weak_bound_hands_over_to_the_milp_with_a_floor(monkeypatch):

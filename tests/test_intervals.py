@@ -215,8 +215,8 @@ def test_lp_bound_alongside_is_the_same_bound():
         inst, "cpsat", formulation="intervals", options=OPTS,
         build_options={"max_computes": 3, "lp_bound": "alongside"},
     )  # fmt: skip
-    assert first.extra["lp_bound_s"] is not None
-    assert along.extra["lp_bound_s"] == pytest.approx(first.extra["lp_bound_s"], rel=1e-9)
+    assert first.lp_bound_s is not None
+    assert along.lp_bound_s == pytest.approx(first.lp_bound_s, rel=1e-9)
     assert along.objective_s == pytest.approx(first.objective_s, rel=1e-7)
     assert along.best_bound_s == pytest.approx(first.best_bound_s, rel=1e-9)
     assert along.best_bound_s <= along.objective_s and agree(along)

@@ -737,7 +737,7 @@ def test_highs_reports_its_bound_between_incumbents(monkeypatch):
     budget = int(0.7 * keep_all_peak_bytes(g))
     res = solve_xengine(Instance(g, ("cpu",), (budget,)), options=SolverOptions(threads=1))
     assert res.status == "optimal"
-    trace = res.extra["trace"]
+    trace = res.trace
     assert trace[0][1] is None and trace[0][2] is not None  # a bound, no incumbent yet
     bounds = [b for _, _, b in trace if b is not None]
     assert len(bounds) >= 3 and np.all(np.diff(bounds) >= -1e-9)

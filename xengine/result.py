@@ -39,15 +39,53 @@ class PolicyRun:
 
 
 @dataclass
+class RelaxationRun:
+    """A relaxation solved for its bound before the model itself (Checkmate's frontier
+    relaxation, :mod:`xengine.strategies.frontier`): its status, bound, cost and size, and
+    (when read back) its schedule's simulated time and whether it fits."""
+
+    status: str
+    bound_s: float | None
+    solve_time_s: float
+    build_time_s: float
+    n_vars: int | None
+    n_rows: int | None
+    schedule_time_s: float | None = None
+    schedule_fits: bool | None = None
+    contradiction: str | None = None  # a schedule that fits where it says infeasible
+
+
+@dataclass
+class CoarseSolve:
+    """The coarse model behind a schedule solved on a coarsened graph
+    (:func:`xengine.strategies.coarsen.solve_coarse`). Its figures are the coarse graph's and
+    bound nothing on the fine graph, so they are kept here and not in the result's own."""
+
+    nodes: int
+    status: str
+    objective_s: float | None
+    best_bound_s: float | None
+    sim_time_s: float | None
+    peak_bytes: list[int] | None
+    placement_bound_s: float | None = None
+    lp_bound_s: float | None = None
+    trace: list[tuple[float, float | None, float | None]] = field(default_factory=list)
+
+
+@dataclass
 class StrategyResult:
     """A strategy's schedule with the simulator's verdict and, for solvers, the model's view.
 
     ``status``: optimal | feasible | infeasible | no_solution | over_budget | error.
     Heuristics report ``feasible`` when their schedule fits the budget and ``infeasible`` when
     it does not; ``over_budget`` is a solver's schedule that the simulator finds over a budget
-    (the solver's own verdict is then in ``extra["solver_status"]``).
+    (the solver's own verdict is then in ``solver_status``).
     ``objective_s`` / ``model_peak_bytes`` are the model's own figures (solvers only); the
     simulator's are in ``sim``. For exact formulations they must agree (tested).
+
+    The typed fields after ``message`` are what other modules read (the pipeline, the
+    benchmarks, the coarse wrapper); ``extra`` keeps a strategy's own diagnostics, read by
+    nobody else.
     """
 
     strategy: str
@@ -67,8 +105,19 @@ class StrategyResult:
     n_rows: int | None = None
     n_integer: int | None = None
     message: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
+    nnz: int | None = None  # the model's nonzeros, beside n_vars and n_rows
+    time_to_first_s: float | None = None  # the solver's first incumbent
+    # (seconds, incumbent s, bound s) as the solve went on
+    trace: list[tuple[float, float | None, float | None]] = field(default_factory=list)
+    lp_bound_s: float | None = None  # bounds of the whole problem (xengine.strategies.bounds)
+    placement_bound_s: float | None = None
+    nothing_to_solve: bool = False  # answered without a solver run (keep-all, a start at a bound)
+    solver_status: str | None = None  # the solver's verdict where the simulator overruled it
+    warm_start: str | None = None  # what the solve started from
+    frontier: RelaxationRun | None = None  # Checkmate's frontier relaxation
+    coarse: CoarseSolve | None = None  # solved on a coarsened graph
     pytorch: PolicyRun | None = None  # set by the strategies that PyTorch runs itself
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def has_schedule(self) -> bool:

@@ -48,7 +48,7 @@ import numpy as np
 
 from xengine.graph.types import Edge, Graph, Node
 from xengine.problem import Instance
-from xengine.result import StrategyResult
+from xengine.result import CoarseSolve, StrategyResult
 from xengine.schedule import Schedule
 
 log = logging.getLogger(__name__)
@@ -290,8 +290,9 @@ def solve_coarse(
     must be for the coarse graph.
 
     The result's schedule and simulation are the *fine* ones; the coarse model's objective,
-    bound and simulated time go to ``extra`` (a coarse bound is no bound on the fine optimum,
-    so ``best_bound_s`` and ``gap`` are cleared and an optimal coarse solve is ``feasible``).
+    bounds, trace and simulated time go to ``res.coarse`` (a coarse bound is no bound on the
+    fine optimum, so ``best_bound_s`` and ``gap`` are cleared and an optimal coarse solve is
+    ``feasible``).
     """
     from xengine.simulate import ScheduleError, simulate
     from xengine.strategies.solve import solve_xengine
@@ -300,18 +301,21 @@ def solve_coarse(
     c = coarsening or coarsen(inst.graph, max_group)
     solve_kwargs.setdefault("strategy", "xengine-coarse")
     res = solve_xengine(c.instance(inst), **solve_kwargs)
-    res.extra.update(
-        coarse_nodes=c.graph.size,
-        coarse_status=res.status,
-        coarse_objective_s=res.objective_s,
-        coarse_best_bound_s=res.best_bound_s,
-        coarse_sim_time_s=None if res.sim is None else res.sim.time_s,
-        coarse_peak_bytes=None if res.sim is None else res.sim.peak_bytes.tolist(),
+    res.coarse = CoarseSolve(
+        nodes=c.graph.size,
+        status=res.status,
+        objective_s=res.objective_s,
+        best_bound_s=res.best_bound_s,
+        sim_time_s=None if res.sim is None else res.sim.time_s,
+        peak_bytes=None if res.sim is None else res.sim.peak_bytes.tolist(),
+        placement_bound_s=res.placement_bound_s,
+        lp_bound_s=res.lp_bound_s,
+        trace=res.trace,
     )
+    # of the coarse problem only: nothing of it bounds the fine one
     res.objective_s = res.best_bound_s = res.gap = res.model_peak_bytes = None
-    for key in ("placement_bound_s", "lp_bound_s", "trace"):  # of the coarse problem only
-        if key in res.extra:
-            res.extra[f"coarse_{key}"] = res.extra.pop(key)
+    res.placement_bound_s = res.lp_bound_s = None
+    res.trace = []
     if res.schedule is None:
         res.sim = None
         if res.status == "infeasible":
@@ -337,7 +341,7 @@ def solve_coarse(
     res.message = (
         f"solved on the coarsened graph ({c.graph.size} of {inst.size} nodes, runs of up to "
         f"{c.graph.meta.get('coarsen_max_group', max_group)} ops fused): coarse model "
-        f"{res.extra['coarse_status']}, no bound for this graph"
+        f"{res.coarse.status}, no bound for this graph"
     )
     if res.status == "optimal":
         res.status = "feasible"
@@ -347,7 +351,7 @@ def solve_coarse(
     log.info(
         "%s: coarse objective %.6g s (%d nodes), fine simulated %.6g s (%d nodes), %.1f s total",
         res.strategy,
-        res.extra["coarse_objective_s"],
+        res.coarse.objective_s,
         c.graph.size,
         sim.time_s,
         inst.size,

@@ -290,7 +290,7 @@ def solve_intervals(
     solved first (HiGHS, at most half the time limit, counted in the time limit) and given to
     CP-SAT as a lower bound on the objective. It is valid here: the interval model's optimum is
     never below the MILP's. ``best_bound_s`` and ``gap`` are then with respect to the full
-    problem; ``extra["lp_bound_s"]`` and ``extra["lp_bound_time_s"]`` say what it cost.
+    problem; ``lp_bound_s`` and ``extra["lp_bound_time_s"]`` say what it cost.
     ``lp_bound=False`` skips the LP (on resnet50 with two devices it does not solve in 600 s,
     ``experiments/lp_bound_speed.py``); the placement bound, a fraction of a second, is always
     computed (without a placement restriction) and given to CP-SAT the same way.
@@ -584,15 +584,15 @@ def _whole_problem_bounds(mdl, inst, options, lp_bound, built: _Built, res, stra
     search_cpus: set[int] = set()
     t_lp = time.perf_counter()
     half = None if time_limit_s is None else time_limit_s / 2
-    res.extra["placement_bound_s"] = placement_bound_s(inst, replace(options, time_limit_s=half))
-    res.extra["lp_bound_s"] = (
+    res.placement_bound_s = placement_bound_s(inst, replace(options, time_limit_s=half))
+    res.lp_bound_s = (
         lp_bound_s(inst, replace(options, time_limit_s=half)) if lp_bound is True else None
     )
     res.extra["lp_bound_time_s"] = time.perf_counter() - t_lp
     if time_limit_s is not None:
         time_limit_s = max(time_limit_s - res.extra["lp_bound_time_s"], 0.01)
     bound = max(
-        (b for b in (res.extra["lp_bound_s"], res.extra["placement_bound_s"]) if b is not None),
+        (b for b in (res.lp_bound_s, res.placement_bound_s) if b is not None),
         default=None,
     )
     if bound is not None:
@@ -601,8 +601,8 @@ def _whole_problem_bounds(mdl, inst, options, lp_bound, built: _Built, res, stra
     log.info(
         "%s: LP bound %s, placement bound %s, in %.1f s",
         strategy,
-        _s(res.extra["lp_bound_s"]),
-        _s(res.extra["placement_bound_s"]),
+        _s(res.lp_bound_s),
+        _s(res.placement_bound_s),
         res.extra["lp_bound_time_s"],
     )
     if lp_bound == "alongside":
@@ -634,12 +634,12 @@ def _search(cp_model, mdl, options, progress, time_limit_s, alongside, search_cp
         raise
     if alongside is not None:
         t_wait = time.perf_counter()
-        res.extra["lp_bound_s"] = alongside.result()
+        res.lp_bound_s = alongside.result()
         res.extra["lp_bound_wait_s"] = time.perf_counter() - t_wait
         elapsed += res.extra["lp_bound_wait_s"]
-        log.info("%s: LP bound (alongside) %s", strategy, _s(res.extra["lp_bound_s"]))
+        log.info("%s: LP bound (alongside) %s", strategy, _s(res.lp_bound_s))
     res.solve_time_s = elapsed + res.extra.get("lp_bound_time_s", 0.0)
-    res.extra["time_to_first_s"] = first_s
+    res.time_to_first_s = first_s
     res.extra["n_branches"] = int(solver.num_branches)
     return solver, code
 
@@ -682,7 +682,7 @@ def _report(res, solver, status, inst, built: _Built, exact, restriction, option
     res.objective_s = objective
     # CP-SAT's own bound holds for the restricted model only; reported bounds hold for the
     # whole problem: the LP and placement bounds, and CP-SAT's when the model is unrestricted
-    bounds = [res.extra.get("lp_bound_s"), res.extra.get("placement_bound_s")]
+    bounds = [res.lp_bound_s, res.placement_bound_s]
     if exact:
         bounds.append(float(solver.best_objective_bound) * TIME_UNIT_S)
     bounds = [b for b in bounds if b is not None]

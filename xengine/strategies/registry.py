@@ -257,10 +257,10 @@ def _replay(res: StrategyResult, inst: Instance) -> None:
 def overrule_by_simulator(res: StrategyResult) -> None:
     """A schedule the simulator finds over budget is not ``optimal`` or ``feasible``, whatever
     its solver said (the published model does not count every byte): its status becomes
-    ``over_budget``, the solver's verdict stays in the message and in ``extra``."""
+    ``over_budget``, the solver's verdict stays in the message and in ``solver_status``."""
     if res.sim is None or res.sim.within_budget or res.status not in SOLUTION_STATUSES:
         return
-    res.extra["solver_status"] = res.status
+    res.solver_status = res.status
     why = f"over budget in the simulator: {res.sim.violations[0]}"
     said = f"{res.solver} said {res.status}" if res.solver else f"reported {res.status}"
     res.message = "; ".join(

@@ -127,11 +127,11 @@ def solve_xengine(
         n_vars=model.n_vars,
         n_rows=model.n_rows,
         n_integer=model.n_integer,
+        nnz=int(model.A.nnz),
         extra={
             "mode": formulation,
             "linearized": bool(linearize and formulation == "paper"),
             "build_options": build_options,
-            "nnz": int(model.A.nnz),
         },
     )
     if form.blocked is not None:
@@ -151,12 +151,12 @@ def solve_xengine(
         trace.points.append(
             (sr.solve_time_s, *(None if v is None else float(v) * form.time_scale for v in end))
         )
-    res.extra["trace"] = trace.points
+    res.trace = trace.points
     res.status = sr.status
     res.solve_time_s = sr.solve_time_s
     res.message = "" if sr.status == "optimal" else sr.message
     res.gap = sr.gap
-    res.extra["time_to_first_s"] = sr.time_to_first_s
+    res.time_to_first_s = sr.time_to_first_s
     if sr.best_bound is not None:
         res.best_bound_s = float(sr.best_bound) * form.time_scale
     if sr.x is None:
@@ -209,7 +209,8 @@ def _start_meets_bound(
         best_bound_s=min(bound, sim.time_s),
         message="the start meets the placement bound (no memory limit can make a schedule "
         "faster than that): no solver run",
-        extra={"nothing_to_solve": True, "placement_bound_s": bound},
+        nothing_to_solve=True,
+        placement_bound_s=bound,
     )
     res.gap = relative_gap(sim.time_s, res.best_bound_s)
     log.info("%s: %s (%.6g s)", strategy, res.message, sim.time_s)
@@ -225,7 +226,7 @@ def _tighten_with_placement_bound(
     from xengine.strategies.bounds import placement_bound_s
 
     bound = placement_bound_s(inst, options)
-    res.extra["placement_bound_s"] = bound
+    res.placement_bound_s = bound
     if bound is None or res.objective_s is None:
         return
     if res.best_bound_s is None or bound > res.best_bound_s:
