@@ -151,7 +151,7 @@ def sac_context(stride: int, counts: dict[str, int] | None = None) -> Callable:
     ops = saved_ops()
 
     def context_fn():
-        seen = {False: 0, True: 0}  # forward and recomputation count alike
+        seen = {False: 0, True: 0}  # the forward's count, and a recomputation's if asked
 
         def policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
             if op not in ops:

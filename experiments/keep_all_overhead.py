@@ -153,8 +153,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--malloc",
         choices=MALLOCS,
-        default="system",
-        help="glibc as it is (as run.py runs by default) or its thresholds fixed (malloc=steady)",
+        default="steady",
+        help="glibc's thresholds fixed (as run.py runs by default) or glibc as it is",
     )
     ap.add_argument("--replot", action="store_true", help="only the figure, from the CSV in --out")
     args = ap.parse_args(argv)

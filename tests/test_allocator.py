@@ -68,5 +68,5 @@ def test_steady_malloc_serves_megabytes_from_the_heap():
 def test_the_run_config_refuses_an_unknown_malloc():
     from xengine.config import ConfigError, RunConfig
 
-    with pytest.raises(ConfigError, match="malloc='jemalloc' is not one of system, steady"):
+    with pytest.raises(ConfigError, match="malloc='jemalloc' is not one of steady, system"):
         RunConfig(malloc="jemalloc").validate()

@@ -303,6 +303,7 @@ def test_default_config_composes_to_the_documented_defaults():
         "recompute_greedy",
     )
     assert rc.execute and rc.n_steps == 5
+    assert rc.malloc == "steady"  # the time benchmark's setting (docs/measurements.md)
     assert Path(rc.profile_cache_dir) == REPO / "results" / "cache" / "profiles"
     assert (over.net, over.mem, over.solver, over.mode, over.execute) == (
         "resnet50", ("2GB",), "gurobi", "infer", False,

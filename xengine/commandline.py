@@ -434,7 +434,7 @@ def run_config_from(cfg: DictConfig) -> RunConfig:
         profile_warmup=_get(cfg, "profile.warmup", int),
         profile_cache_dir=_get(cfg, "profile.cache_dir", str),
         progress=_get(cfg, "profile.progress", bool),
-        malloc=_get(cfg, "malloc", str, default="system"),
+        malloc=_get(cfg, "malloc", str, default="steady"),
         seed=_get(cfg, "seed", int),
         grad_rtol=_get(cfg, "grad_rtol", float),
         grad_atol=_get(cfg, "grad_atol", float),

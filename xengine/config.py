@@ -25,9 +25,9 @@ from xengine.strategies.registry import (
 from xengine.units import MemorySpec, MemorySpecError, parse_memory
 
 MODES = ("train", "infer")
-MALLOCS = ("system", "steady")
-"""``malloc=``: glibc as it is (``system``, the default) or its thresholds fixed before the run
-times anything (``steady``, :func:`xengine.execute.allocator.steady_malloc`)."""
+MALLOCS = ("steady", "system")
+"""``malloc=``: glibc's thresholds fixed before the run times anything (``steady``, the
+default, :func:`xengine.execute.allocator.steady_malloc`) or glibc as it is (``system``)."""
 
 
 class ConfigError(ValueError):
@@ -77,7 +77,7 @@ class RunConfig:
     # run again on those costs (xengine.refine); 0 keeps the keep-everything profile's costs
     context_rounds: int = 2
     progress: bool = True
-    malloc: str = "system"  # system | steady (MALLOCS)
+    malloc: str = "steady"  # steady | system (MALLOCS)
     seed: int = 0
     grad_rtol: float = 1e-4
     grad_atol: float = 1e-6

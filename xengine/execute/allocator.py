@@ -20,9 +20,10 @@ the same for its memory whatever ran before it, the plain step as much as a sche
 CPU performance guide gets the same by preloading another allocator (jemalloc or tcmalloc);
 this needs no library to install. Memory *measurements* do not change: the executor counts
 the bytes torch asks for, not the pages the process holds (which stay at the step's
-high-water mark). ``run.py malloc=steady`` calls it at start (the default, ``malloc=system``,
-leaves glibc as it is), as do the timing benchmarks with ``--malloc steady``; a library user
-calls it once before profiling. Without glibc (macOS, musl) it does nothing and says so.
+high-water mark). ``run.py`` calls it at start (the default, ``malloc=steady``;
+``malloc=system`` leaves glibc as it is), as do the timing benchmarks (``--malloc``, the same
+default); a library user calls it once before profiling. Without glibc (macOS, musl) it
+does nothing and says so.
 """
 
 from __future__ import annotations
