@@ -75,7 +75,7 @@ class Config:
     device: str
     schedule: str = "checkpoint_all"
     predict: bool = False
-    malloc: str = "fixed"  # fixed thresholds (the overhead ratios) | system (as run.py runs)
+    malloc: str = "fixed"  # fixed thresholds (the overhead ratios) | system (glibc as it is)
 
 
 NAMED = {
