@@ -61,20 +61,36 @@ def test_keep_all_is_one_backward_pass_like_a_plain_step():
     assert not flat.groups and not flat.connect and not flat.native
 
 
-def test_recomputation_splits_the_backward_into_passes():
+def test_recomputation_refills_states_inside_the_backward_pass():
     cap = tiny()
     inst = single(cap)
     sched = checkpoint_schedule(inst, keep={0, 5, 8})
     ops, plan = plan_of(cap, inst, sched)
-    assert 1 < len(plan.groups) < cap.n_forward
+    # a recomputation refills the state its node's first computation retired: the backward
+    # node runs on that grad_fn, so the pass goes on through it (issue 29)
+    assert plan.refill
+    retired = {ops[i].node for i in plan.retire}
+    for i, first in plan.refill.items():
+        assert ops[i].kind == ops[first].kind == "compute" and ops[i].node == ops[first].node
+        assert first in plan.first_compute and i not in plan.first_compute
+        assert ops[i].node in retired and first not in plan.native
+    assert all(ops[i].kind == "free_state" for i in plan.retire)
+    assert 1 <= len(plan.groups) < cap.n_forward
+    refills_in_passes = 0
     for grp in plan.groups.values():
-        # a pass spans backward computes and frees only, on one device ...
-        for op in ops[grp.first : grp.last + 1]:
-            assert op.kind in ("free", "free_state") or ops.index(op) in grp.computes
+        # a pass spans backward computes, refills and frees, on one device ...
+        for k, op in enumerate(ops[grp.first : grp.last + 1], start=grp.first):
+            assert op.kind in ("free", "free_state") or k in grp.computes or k in grp.refills
             assert op.device == grp.device or op.kind != "compute"
+        assert set(grp.refills) <= set(plan.refill)
+        refills_in_passes += len(grp.refills)
         # ... whose forward instances were made in reverse order (autograd's order)
         states = [plan.state_of[j] for j in grp.computes]
         assert states == sorted(states, reverse=True)
+    assert refills_in_passes > 0
+    # without fusion nothing is retired: each recomputation makes a state of its own
+    _, flat = plan_of(cap, inst, sched, fuse=False)
+    assert not flat.refill and not flat.retire
     # a recomputed forward op that changes buffers keeps its saved tensors behind lookups
     by = {v.name: i for i, v in enumerate(cap.graph.nodes)}
     bn_computes = [i for i, op in enumerate(ops) if op.kind == "compute" and op.node == by["bn1"]]

@@ -222,6 +222,20 @@ class _Tap(torch.autograd.Function):
 _NO_ENTRIES: Any = MappingProxyType({})
 
 
+def _graft(state: _State, fresh: _State, name: str) -> None:
+    """Move the saved tensors of its own that a recomputation made (``fresh``) into the
+    retired ``state`` of the same op, in the order autograd saved them (the same op on the
+    same inputs saves the same tensors in the same order, as ``torch.utils.checkpoint``
+    relies on)."""
+    if len(fresh.extras) != len(state.extras):
+        raise RuntimeError(
+            f"executor: recomputing {name} saved {len(fresh.extras)} tensors of its own, "
+            f"its first computation {len(state.extras)}"
+        )
+    for old, new in zip(state.extras, fresh.extras, strict=True):
+        old.tensor, new.tensor = new.tensor, None
+
+
 class _State:
     """A forward op's autograd state: the gradient edge of its output (``None`` when the output
     needs no gradient), those of its tapped inputs (the taps are emptied), and the saved
@@ -328,6 +342,9 @@ class _Runtime:
         n = self.g.size
         self.reg: dict[str, list[Any]] = {d: [None] * n for d in self.devices}
         self.state: dict[str, list[_State | None]] = {d: [None] * n for d in self.devices}
+        # retired states (program._walk_ops): their grad_fn without saved tensors, until a
+        # recomputation refills them
+        self.retained: dict[str, dict[int, _State]] = {d: {} for d in self.devices}
         self.transient: dict[str, dict[int, Any]] = {d: {} for d in self.devices}
         self.first_done: set[int] = set()
         self.rng_states: dict[int, torch.Tensor] = {}
@@ -346,7 +363,8 @@ class _Runtime:
 
     def live_count(self) -> int:
         regs = [*self.reg.values(), *self.state.values()]
-        return sum(1 for r in regs for x in r if x is not None)
+        retained = sum(len(r) for r in self.retained.values())
+        return retained + sum(1 for r in regs for x in r if x is not None)
 
     # ---------------------------------------------------------------- lookups
     def provided(self, d: str, u: int) -> Any:
@@ -408,6 +426,67 @@ class _Runtime:
             raise RuntimeError(f"executor: free of the state of node {v} on {d}, which has none")
         state.drop()
         st[v] = None
+
+    def retire_state(self, v: int, d: str) -> None:
+        """Free what ``v``'s state on ``d`` holds but keep its ``grad_fn`` for a later
+        :meth:`refill` (``program._walk_ops``): the simulator's ``free_state``, memory-wise."""
+        st = self.state[d]
+        state = st[v]
+        if state is None:
+            raise RuntimeError(f"executor: retire of the state of node {v} on {d}, which has none")
+        state.drop()
+        st[v] = None
+        self.retained[d][v] = state
+
+    def refill(self, v: int, d: str) -> None:
+        """Compute ``v`` again on ``d`` into its register and refill the saved tensors of its
+        retired state, which becomes its state again, as ``torch.utils.checkpoint``
+        recomputes: the backward node runs on the first computation's ``grad_fn``, linked to
+        its consumers' since the forward pass, so the pass goes on through it. An op that
+        saves nothing of its own (only inputs or its output, looked up in the registers) is
+        run for its value alone, under ``no_grad``, as a plain forward runs it."""
+        self._set_threads(d)
+        state = self.retained[d].pop(v, None)
+        if state is None:
+            raise RuntimeError(f"executor: refill of node {v} on {d}, which has no retired state")
+        if state.extras:
+            with torch.enable_grad():  # inside a backward pass, autograd turned it off
+                y, fresh = self._forward(v, d, False)
+            assert fresh is not None
+            _graft(state, fresh, self.ops[v].name)
+            y = y.detach()
+        else:
+            y = self._value(v, d)
+        self.state[d][v] = state
+        self.reg[d][v] = y
+        self.first_done.add(v)
+        if self.transient[d]:
+            self.transient[d].clear()
+
+    def _value(self, v: int, d: str) -> torch.Tensor:
+        """``v``'s output, recomputed with no autograd graph: the random state of its first
+        run replayed and the buffers it updates put back, like any recomputation."""
+        spec = self.ops[v]
+        dev = self.specs[d].torch_device
+        ins = [self.fwd_tensor(d, u) for u in spec.inputs]
+        kept = None
+        if spec.stochastic or spec.mutates_buffers:
+            buffers = self.roots[d].get_submodule(spec.module_path).buffers()
+            kept = TorchState(
+                buffers if spec.mutates_buffers else (), rng=(dev,) if spec.stochastic else ()
+            )
+        if spec.stochastic:
+            set_rng_state(dev, self.rng_states[v])
+        try:
+            with torch.no_grad():
+                y = self.run_fns[d][v](ins, self.x[d])
+        finally:
+            if kept is not None:
+                kept.restore()
+        p = storage_ptr(y)
+        if p in self.fixed_ptrs[d] or any(p == storage_ptr(t) for t in ins):
+            y = y.clone()
+        return y
 
     def compute(
         self,
@@ -746,8 +825,12 @@ class _Runtime:
         freed after the pass."""
         d = grp.device
         self._set_threads(d)
-        held = self.state[d]
-        states = [held[c.fwd] or self._state_for(c.node, d)[1] for c in grp.computes]
+        held, retained = self.state[d], self.retained[d]
+        # a state refilled inside the pass is retired when it starts: its grad_fn is there
+        states = [
+            held[c.fwd] or retained.get(c.fwd) or self._state_for(c.node, d)[1]
+            for c in grp.computes
+        ]
         # only the root reads registers (the others' gradients all flow inside the pass:
         # checked once, by _group_program)
         head = grp.computes[0]
@@ -774,6 +857,11 @@ class _Runtime:
         watch = _Watch(self, grp, states)
         hooks = [root.node.register_prehook(hand_over)]
         hooks += [states[k].out_edge.node.register_hook(watch.after(k)) for k in grp.hooked]
+        hooks += [
+            states[k].out_edge.node.register_prehook(_before(self, c.before))
+            for k, c in enumerate(grp.computes)
+            if c.before
+        ]
         if self.clock is not None:
             self.clock(grp.computes[0].node)
             hooks += [
@@ -799,7 +887,7 @@ class _Runtime:
         watch.finish()
 
 
-Action = tuple[str, int, str]  # (free | free_state, node, device)
+Action = tuple[str, int, str]  # (free | free_state | retire_state | refill, node, device)
 
 _FREE, _KEEPS_STATE, _NO_STATE = "free", "keeps state", "no state"
 
@@ -913,6 +1001,7 @@ class ComputeInGroup:
     internal: frozenset[int]  # consumers w whose gradient to v flows inside autograd
     materialize: tuple[int, ...]  # inputs u of v whose gradient becomes a register
     after: tuple[Action, ...]  # frees done by a hook once autograd has run it
+    before: tuple[Action, ...] = ()  # refills and frees done by a pre-hook before it runs
 
 
 @dataclass(frozen=True)
@@ -984,6 +1073,13 @@ class _Watch:
         _do(self.rt, self.grp.end)
 
 
+def _before(rt: _Runtime, actions: Sequence[Action]):
+    def prehook(grad_outputs):
+        _do(rt, actions)
+
+    return prehook
+
+
 def _ticking(clock, node: int):
     def prehook(grad_outputs):
         clock(node)
@@ -1002,8 +1098,9 @@ def _recomputed(ops: Sequence[Op]) -> set[int]:
 
 
 def _do(rt: _Runtime, actions: Sequence[Action]) -> None:
-    """Frees in order; a held value register is dropped here, the rest (a state, the released
-    logits, an error) take the runtime's own path (a group's end frees every node it ran)."""
+    """Frees and refills in order; a held value register is dropped here, the rest (a state,
+    the released logits, an error) take the runtime's own path (a group's end frees every
+    node it ran). A refill inside a pass marks the profiler's clock as its own instruction."""
     regs = rt.reg
     for kind, node, dev in actions:
         if kind == "free":
@@ -1012,8 +1109,19 @@ def _do(rt: _Runtime, actions: Sequence[Action]) -> None:
                 reg[node] = None
             else:
                 rt.free(node, dev)
-        else:
+        elif kind == "free_state":
             rt.free_state(node, dev)
+        elif kind == "retire_state":
+            rt.retire_state(node, dev)
+        else:
+            if rt.clock is not None:
+                rt.clock(node)
+            rt.refill(node, dev)
+
+
+def _action_kind(plan: Plan, i: int, op: Op) -> str:
+    """What op ``i`` (a free) does: a ``free_state`` the plan keeps for a refill retires."""
+    return "retire_state" if i in plan.retire else op.kind
 
 
 def _infer_loss(y: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -1226,7 +1334,9 @@ def compile_program(rt: _Runtime, ops: Sequence[Op], fuse: bool = True) -> list[
             continue
         op = ops[i]
         d = devices[op.device]
-        if op.kind == "compute":
+        if op.kind == "compute" and i in plan.refill:
+            fn = partial(rt.refill, op.node, d)
+        elif op.kind == "compute":
             first = i in plan.first_compute
             linked = frozenset(connect.get(i, ()))
             if rt.plain_forward(op.node, first, linked, i in plan.native):
@@ -1236,7 +1346,8 @@ def compile_program(rt: _Runtime, ops: Sequence[Op], fuse: bool = True) -> list[
         elif op.kind == "copy":
             fn = partial(rt.copy, op.node, devices[op.src_device], d)
         elif op.kind == "free_state":
-            fn = partial(rt.free_state, op.node, d)
+            retire = i in plan.retire
+            fn = partial(rt.retire_state if retire else rt.free_state, op.node, d)
         else:
             fn = partial(rt.free, op.node, d)
         program.append((fn, _label(op, devices)))
@@ -1297,37 +1408,49 @@ def _group_program(rt: _Runtime, ops: Sequence[Op], plan: Plan, grp: Group) -> G
     if fwd_of[first] == nf - 1:
         root_regs.add(nf)
     state_user = {ops[plan.state_of[j]].node: j for j in grp.computes}  # own state -> its reader
+    refills = frozenset(grp.refills)
+    # a value a refill reads keeps its register until the schedule frees it (never at start)
+    refill_reads = {u for i in refills for u in rt.ops[ops[i].node].inputs}
     after: dict[int, list[Action]] = {j: [] for j in grp.computes}
+    before: dict[int, list[Action]] = {j: [] for j in grp.computes}
     start: list[Action] = []
     end: list[Action] = []
     unpacked: set[int] = set()
+    # a refill and the frees after it run in the next compute's pre-hook, in schedule order:
+    # by then autograd has run every node of the compute before (they were made later)
+    gap: list[Action] = []
     j = grp.first
     for i in range(grp.first, grp.last + 1):
         op = ops[i]
         if op.kind == "compute":
-            j = i
+            if i in refills:
+                gap.append(("refill", op.node, d))
+            else:
+                j, before[i], gap = i, gap, []
             continue
-        act = (op.kind, op.node, devices[op.device])
+        act = (_action_kind(plan, i, op), op.node, devices[op.device])
         u, kind = op.node, g.nodes[op.node].kind
         # autograd lets go of what a compute read when it has run: only a free placed right
         # after that compute may be left to autograd; one the schedule places later (a value
         # kept longer than its last reader) waits for its own hook, or the measured memory
         # would drop before the simulator's
-        prompt = last_reader.get(u) == j
+        prompt = last_reader.get(u) == j and not gap
         if act[2] != d:
-            after[j].append(act)
+            (gap or after[j]).append(act)
         elif op.kind == "free_state":
-            (end if u in own_f and state_user.get(u) == j else after[j]).append(act)
+            (end if u in own_f and state_user.get(u) == j else gap or after[j]).append(act)
         elif u in own_b:
             end.append(act)
         elif kind == "fwd" and u in looked_up and prompt:
             unpacked.add(u)
-        elif kind == "fwd" and u in natively_held and prompt:
+        elif kind == "fwd" and u in natively_held and prompt and u not in refill_reads:
             start.append(act)
-        elif u in root_regs and len(root_regs) == 1 and j == grp.computes[0]:
+        elif u in root_regs and len(root_regs) == 1 and j == grp.computes[0] and not gap:
             start.append(act)  # the root gradient itself: autograd holds it until it is used
         else:
-            after[j].append(act)
+            (gap or after[j]).append(act)
+    if gap:
+        raise RuntimeError("executor: a group ends with a recomputation")
     computes = []
     for j in grp.computes:
         b = ops[j].node
@@ -1337,7 +1460,9 @@ def _group_program(rt: _Runtime, ops: Sequence[Op], plan: Plan, grp: Group) -> G
         reads_register = v == nf - 1 or any(w not in internal for w in rt.grad_consumers[v])
         if computes and reads_register:  # program.py starts a group at such a compute
             raise RuntimeError(f"executor: {rt.ops[v].name} is fused but reads a register")
-        computes.append(ComputeInGroup(b, v, internal, materialize, tuple(after[j])))
+        computes.append(
+            ComputeInGroup(b, v, internal, materialize, tuple(after[j]), tuple(before[j]))
+        )
     return GroupProgram(d, tuple(computes), tuple(start), frozenset(unpacked), tuple(end))
 
 

@@ -57,12 +57,15 @@ class Group:
     """Backward computes run as one autograd pass on one device.
 
     ``first``/``last``: the op indices it spans (frees between its computes included);
-    ``computes``: the op indices of its backward computes, in schedule order."""
+    ``computes``: the op indices of its backward computes, in schedule order; ``refills``:
+    the forward recomputations between them (:attr:`Plan.refill`), which run inside the pass
+    just before the compute that follows them."""
 
     device: int
     first: int
     last: int
     computes: tuple[int, ...]
+    refills: tuple[int, ...] = ()
 
 
 @dataclass
@@ -74,7 +77,11 @@ class Plan:
     forward compute whose state it uses; ``connect``: (forward compute op index, input node)
     pairs fed the register itself; ``internal``: (backward compute op index, input node) pairs
     whose gradient stays inside autograd; ``groups`` by their first op index; ``native``:
-    forward computes whose saved tensors autograd may keep itself (see :func:`_native`)."""
+    forward computes whose saved tensors autograd may keep itself (see :func:`_native`);
+    ``refill``: forward recomputations that refill the saved tensors of an earlier
+    computation's retired state (compute op index -> that computation's op index), and
+    ``retire``: the ``free_state`` op indices that retire a state instead of dropping it
+    (see :func:`_walk_ops`)."""
 
     first_compute: frozenset[int]
     state_of: dict[int, int]
@@ -82,6 +89,8 @@ class Plan:
     internal: frozenset[tuple[int, int]]
     groups: dict[int, Group] = field(default_factory=dict)
     native: frozenset[int] = frozenset()
+    refill: dict[int, int] = field(default_factory=dict)
+    retire: frozenset[int] = frozenset()
 
 
 def backward_node(nf: int, v: int) -> int:
@@ -111,7 +120,7 @@ def compile_plan(
     computes into groups (:func:`_find_groups`), then mark the native forward computes
     (:func:`_native_forwards`)."""
     facts = _graph_facts(graph, grad_inputs)
-    walk = _walk_ops(ops, facts, grad_inputs)
+    walk = _walk_ops(ops, facts, grad_inputs, revive=fuse and train)
     groups, internal = _find_groups(ops, facts, walk, requires_grad, train, fuse)
     connect = {(walk.state_of[k], u) for k, u in internal}
     native = _native_forwards(ops, groups, walk, mutates_buffers)
@@ -122,6 +131,8 @@ def compile_plan(
         internal=frozenset(internal),
         groups=groups,
         native=frozenset(native),
+        refill=walk.refill,
+        retire=frozenset(walk.retire),
     )
 
 
@@ -171,7 +182,7 @@ class _OpWalk:
     computes whose register was copied to another device; ``reads``: per (B_w compute, u),
     the B_u computes that read that gradient register; ``contrib_src``: per B_u compute,
     (w, instance of B_w's register) for each consumer w; ``uses_copy``: computes that read
-    a transient copy."""
+    a transient copy; ``refill``, ``retire``: as in :class:`Plan`."""
 
     first_compute: set[int] = field(default_factory=set)
     in_inst: dict[int, dict[int, int | None]] = field(default_factory=dict)
@@ -182,20 +193,34 @@ class _OpWalk:
     reads: dict[tuple[int, int], list[int]] = field(default_factory=dict)
     contrib_src: dict[int, list[tuple[int, int | None]]] = field(default_factory=dict)
     uses_copy: set[int] = field(default_factory=set)
+    refill: dict[int, int] = field(default_factory=dict)
+    retire: set[int] = field(default_factory=set)
 
 
 def _walk_ops(
-    ops: Sequence[Op], facts: _GraphFacts, grad_inputs: Sequence[Sequence[int]]
+    ops: Sequence[Op],
+    facts: _GraphFacts,
+    grad_inputs: Sequence[Sequence[int]],
+    revive: bool = False,
 ) -> _OpWalk:
     """Replay the registers, states and transient copies of every device along ``ops`` (as
     the simulator makes them, docs/design.md section 5) and record, per compute, which instances
-    it reads: a group may only link computes through the very instances they use."""
+    it reads: a group may only link computes through the very instances they use.
+
+    ``revive``: a state freed before any backward node read it, whose node the schedule
+    computes again on the same device, is *retired*, not dropped: its ``grad_fn`` stays (its
+    saved tensors are dropped, so it holds no memory) and the recomputation refills them, as
+    ``torch.utils.checkpoint`` does. The backward node then runs on the first computation's
+    ``grad_fn``, which is linked to its consumers' since the forward pass: the backward pass
+    is not cut at every recomputation (issue 29: the op-by-op backward of recomputing
+    schedules cost 1.03-1.27x a plain step even at 90 %)."""
     nf, kinds, fwd_of = facts.nf, facts.kinds, facts.fwd_of
     D = 1 + max((op.device for op in ops), default=0)
     D = max(D, 1 + max((op.src_device for op in ops if op.src_device is not None), default=0))
     val: list[dict[int, int]] = [{} for _ in range(D)]  # register instance: compute op index
     st: list[dict[int, int]] = [{} for _ in range(D)]  # state instance
     transient: list[set[int]] = [set() for _ in range(D)]
+    retired: list[dict[int, tuple[int, int]]] = [{} for _ in range(D)]  # v -> (state, free op)
     seen: set[int] = set()
     out = _OpWalk()
     for i, op in enumerate(ops):
@@ -210,7 +235,9 @@ def _walk_ops(
             val[d].pop(op.node, None)
             continue
         if op.kind == "free_state":
-            st[d].pop(op.node, None)
+            s = st[d].pop(op.node, None)
+            if revive and s is not None and not out.state_uses.get(s):
+                retired[d][op.node] = (s, i)
             continue
         v = op.node
         if v not in seen:
@@ -227,7 +254,12 @@ def _walk_ops(
                 u: (None if u in transient[d] else val[d].get(u)) for u in grad_inputs[v]
             }
             if facts.state_reader[v] >= 0:
-                st[d][v] = i
+                back = retired[d].pop(v, None)
+                if back is None:
+                    st[d][v] = i
+                else:
+                    st[d][v] = out.refill[i] = back[0]
+                    out.retire.add(back[1])
         elif kind == "bwd":
             u = fwd_of[v]
             s = st[d].get(u)
@@ -260,7 +292,9 @@ def _find_groups(
     One scan over the ops grows the current group while the next backward compute may join
     it: same device, its state made before the last member's (autograd runs the ready node
     made last first), each gradient from a member an internal edge, none from a register
-    (a pass has one root). Any other compute closes the group; frees extend it."""
+    (a pass has one root). A recomputation that refills a retired state joins with the
+    next member that joins (it runs inside the pass, just before it); any other compute closes
+    the group, and frees extend it."""
     nf, fwd_of = facts.nf, facts.fwd_of
     state_of, contrib_src = walk.state_of, walk.contrib_src
     last_read: dict[int, int] = {}  # B_w compute -> the last compute that reads its register
@@ -272,19 +306,32 @@ def _find_groups(
     cur: list[int] = []
     cur_first = -1
     cur_internal: set[tuple[int, int]] = set()
+    cur_refills: list[int] = []
+    pending: list[int] = []  # refills since the last member: they join with the next one
+    before_pending = -1  # where the group ends if no member follows them
 
     def close(last: int) -> None:
-        nonlocal cur, cur_first, cur_internal
+        nonlocal cur, cur_first, cur_internal, cur_refills, pending
+        if pending:
+            last = before_pending
         if cur:
-            groups[cur_first] = Group(ops[cur[0]].device, cur_first, last, tuple(cur))
+            groups[cur_first] = Group(
+                ops[cur[0]].device, cur_first, last, tuple(cur), tuple(cur_refills)
+            )
             internal.update(cur_internal)
-        cur, cur_first, cur_internal = [], -1, set()
+        cur, cur_first, cur_internal, cur_refills, pending = [], -1, set(), [], []
 
     last_op = -1
     for i, op in enumerate(ops):
         if op.kind in ("free", "free_state"):
             if cur:
                 last_op = i
+            continue
+        if cur and _refills_in_pass(ops, i, facts, walk, cur):
+            if not pending:
+                before_pending = last_op
+            pending.append(i)
+            last_op = i
             continue
         if not _fusable(ops, i, facts, walk, requires_grad, train, fuse):
             close(last_op)
@@ -313,9 +360,28 @@ def _find_groups(
             mine = set()
         cur.append(i)
         cur_internal |= mine
+        cur_refills += pending
+        pending = []
         last_op = i
     close(last_op)
     return groups, internal
+
+
+def _refills_in_pass(
+    ops: Sequence[Op], i: int, facts: _GraphFacts, walk: _OpWalk, members: Sequence[int]
+) -> bool:
+    """Can op ``i`` run inside the pass of the group ``members``, before its next backward
+    compute? A forward recomputation that refills a retired state (:func:`_walk_ops`), on the
+    group's device, reading no transient copy: it adds no node to the pass, only saved tensors
+    and a value. Not when a member so far saved that value: the group frees a looked-up value
+    at its last unpack, counted over the whole pass, which must then all read one register."""
+    v = ops[i].node
+    return (
+        i in walk.refill
+        and ops[i].device == ops[members[0]].device
+        and i not in walk.uses_copy
+        and not any(v in facts.saved_values[ops[m].node] for m in members)
+    )
 
 
 def _fusable(
@@ -389,10 +455,13 @@ def _native_forwards(
         if op.kind == "compute":
             n_computes[op.node] = n_computes.get(op.node, 0) + 1
     native = set()
+    revived = set(walk.refill.values())  # their saved tensors are dropped and refilled
     for grp in groups.values():
         for k in grp.computes:
             i = walk.state_of[k]
             w = ops[i].node
+            if i in revived:
+                continue
             if mutates_buffers and mutates_buffers[w] and n_computes[w] > 1:
                 continue
             if not _freed_next(ops, k, w, "free_state"):
