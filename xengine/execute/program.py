@@ -6,10 +6,15 @@ small sizes, that is the step (issue 16: 2.85x a plain step on an H200). This mo
 list once, statically, and finds where autograd's own engine can run many backward nodes in one
 pass, as a plain ``loss.backward()`` does:
 
-* a **group** is a run of consecutive backward computes on one device with only frees between
-  them (no forward compute, no copy, no other device's compute), each the first computation of
-  its node in the step and the only reader of the autograd state it uses. A group is one
-  ``torch.autograd.grad`` call.
+* a **group** is a run of consecutive backward computes on one device with only frees and
+  *refills* between them (no other forward compute, no copy, no other device's compute), each
+  the first computation of its node in the step and the only reader of the autograd state it
+  uses. A group is one ``torch.autograd.backward`` call.
+* a **refill** is a recomputation of a node whose first state the schedule freed before any
+  backward node read it: that state is *retired* (its own saved tensors dropped, its
+  ``grad_fn`` kept) and the recomputation refills it, as ``torch.utils.checkpoint`` does, so
+  the backward node runs on the ``grad_fn`` the forward pass linked to its consumers'. Inside a
+  group a refill runs in a pre-hook of the next compute (:func:`_walk_ops`).
 * an **internal edge** ``(B_w, u)`` is a gradient that ``B_w`` hands to ``u`` and that only
   ``B_u`` of the same group reads, through the very forward instance of ``F_u`` that ``F_w`` read
   (same device, no copy). Such a gradient never becomes a register: autograd passes it from
