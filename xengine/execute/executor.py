@@ -450,8 +450,7 @@ class _Runtime:
         if state is None:
             raise RuntimeError(f"executor: refill of node {v} on {d}, which has no retired state")
         if state.extras:
-            with torch.enable_grad():  # inside a backward pass, autograd turned it off
-                y, fresh = self._forward(v, d, False)
+            y, fresh = self._forward(v, d, False)
             assert fresh is not None
             _graft(state, fresh, self.ops[v].name)
             y = y.detach()
@@ -825,12 +824,8 @@ class _Runtime:
         freed after the pass."""
         d = grp.device
         self._set_threads(d)
-        held, retained = self.state[d], self.retained[d]
-        # a state refilled inside the pass is retired when it starts: its grad_fn is there
-        states = [
-            held[c.fwd] or retained.get(c.fwd) or self._state_for(c.node, d)[1]
-            for c in grp.computes
-        ]
+        held = self.state[d]
+        states = [held[c.fwd] or self._state_for(c.node, d)[1] for c in grp.computes]
         # only the root reads registers (the others' gradients all flow inside the pass:
         # checked once, by _group_program)
         head = grp.computes[0]
@@ -857,11 +852,6 @@ class _Runtime:
         watch = _Watch(self, grp, states)
         hooks = [root.node.register_prehook(hand_over)]
         hooks += [states[k].out_edge.node.register_hook(watch.after(k)) for k in grp.hooked]
-        hooks += [
-            states[k].out_edge.node.register_prehook(_before(self, c.before))
-            for k, c in enumerate(grp.computes)
-            if c.before
-        ]
         if self.clock is not None:
             self.clock(grp.computes[0].node)
             hooks += [
@@ -887,7 +877,7 @@ class _Runtime:
         watch.finish()
 
 
-Action = tuple[str, int, str]  # (free | free_state | retire_state | refill, node, device)
+Action = tuple[str, int, str]  # (free | free_state | retire_state, node, device)
 
 _FREE, _KEEPS_STATE, _NO_STATE = "free", "keeps state", "no state"
 
@@ -1001,7 +991,6 @@ class ComputeInGroup:
     internal: frozenset[int]  # consumers w whose gradient to v flows inside autograd
     materialize: tuple[int, ...]  # inputs u of v whose gradient becomes a register
     after: tuple[Action, ...]  # frees done by a hook once autograd has run it
-    before: tuple[Action, ...] = ()  # refills and frees done by a pre-hook before it runs
 
 
 @dataclass(frozen=True)
@@ -1073,13 +1062,6 @@ class _Watch:
         _do(self.rt, self.grp.end)
 
 
-def _before(rt: _Runtime, actions: Sequence[Action]):
-    def prehook(grad_outputs):
-        _do(rt, actions)
-
-    return prehook
-
-
 def _ticking(clock, node: int):
     def prehook(grad_outputs):
         clock(node)
@@ -1098,9 +1080,8 @@ def _recomputed(ops: Sequence[Op]) -> set[int]:
 
 
 def _do(rt: _Runtime, actions: Sequence[Action]) -> None:
-    """Frees and refills in order; a held value register is dropped here, the rest (a state,
-    the released logits, an error) take the runtime's own path (a group's end frees every
-    node it ran). A refill inside a pass marks the profiler's clock as its own instruction."""
+    """Frees in order; a held value register is dropped here, the rest (a state, the released
+    logits, an error) take the runtime's own path (a group's end frees every node it ran)."""
     regs = rt.reg
     for kind, node, dev in actions:
         if kind == "free":
@@ -1111,12 +1092,8 @@ def _do(rt: _Runtime, actions: Sequence[Action]) -> None:
                 rt.free(node, dev)
         elif kind == "free_state":
             rt.free_state(node, dev)
-        elif kind == "retire_state":
-            rt.retire_state(node, dev)
         else:
-            if rt.clock is not None:
-                rt.clock(node)
-            rt.refill(node, dev)
+            rt.retire_state(node, dev)
 
 
 def _action_kind(plan: Plan, i: int, op: Op) -> str:
@@ -1408,25 +1385,15 @@ def _group_program(rt: _Runtime, ops: Sequence[Op], plan: Plan, grp: Group) -> G
     if fwd_of[first] == nf - 1:
         root_regs.add(nf)
     state_user = {ops[plan.state_of[j]].node: j for j in grp.computes}  # own state -> its reader
-    refills = frozenset(grp.refills)
-    # a value a refill reads keeps its register until the schedule frees it (never at start)
-    refill_reads = {u for i in refills for u in rt.ops[ops[i].node].inputs}
     after: dict[int, list[Action]] = {j: [] for j in grp.computes}
-    before: dict[int, list[Action]] = {j: [] for j in grp.computes}
     start: list[Action] = []
     end: list[Action] = []
     unpacked: set[int] = set()
-    # a refill and the frees after it run in the next compute's pre-hook, in schedule order:
-    # by then autograd has run every node of the compute before (they were made later)
-    gap: list[Action] = []
     j = grp.first
     for i in range(grp.first, grp.last + 1):
         op = ops[i]
         if op.kind == "compute":
-            if i in refills:
-                gap.append(("refill", op.node, d))
-            else:
-                j, before[i], gap = i, gap, []
+            j = i
             continue
         act = (_action_kind(plan, i, op), op.node, devices[op.device])
         u, kind = op.node, g.nodes[op.node].kind
@@ -1434,23 +1401,21 @@ def _group_program(rt: _Runtime, ops: Sequence[Op], plan: Plan, grp: Group) -> G
         # after that compute may be left to autograd; one the schedule places later (a value
         # kept longer than its last reader) waits for its own hook, or the measured memory
         # would drop before the simulator's
-        prompt = last_reader.get(u) == j and not gap
+        prompt = last_reader.get(u) == j
         if act[2] != d:
-            (gap or after[j]).append(act)
+            after[j].append(act)
         elif op.kind == "free_state":
-            (end if u in own_f and state_user.get(u) == j else gap or after[j]).append(act)
+            (end if u in own_f and state_user.get(u) == j else after[j]).append(act)
         elif u in own_b:
             end.append(act)
         elif kind == "fwd" and u in looked_up and prompt:
             unpacked.add(u)
-        elif kind == "fwd" and u in natively_held and prompt and u not in refill_reads:
+        elif kind == "fwd" and u in natively_held and prompt:
             start.append(act)
-        elif u in root_regs and len(root_regs) == 1 and j == grp.computes[0] and not gap:
+        elif u in root_regs and len(root_regs) == 1 and j == grp.computes[0]:
             start.append(act)  # the root gradient itself: autograd holds it until it is used
         else:
-            (gap or after[j]).append(act)
-    if gap:
-        raise RuntimeError("executor: a group ends with a recomputation")
+            after[j].append(act)
     computes = []
     for j in grp.computes:
         b = ops[j].node
@@ -1460,9 +1425,7 @@ def _group_program(rt: _Runtime, ops: Sequence[Op], plan: Plan, grp: Group) -> G
         reads_register = v == nf - 1 or any(w not in internal for w in rt.grad_consumers[v])
         if computes and reads_register:  # program.py starts a group at such a compute
             raise RuntimeError(f"executor: {rt.ops[v].name} is fused but reads a register")
-        computes.append(
-            ComputeInGroup(b, v, internal, materialize, tuple(after[j]), tuple(before[j]))
-        )
+        computes.append(ComputeInGroup(b, v, internal, materialize, tuple(after[j])))
     return GroupProgram(d, tuple(computes), tuple(start), frozenset(unpacked), tuple(end))
 
 

@@ -6,15 +6,15 @@ small sizes, that is the step (issue 16: 2.85x a plain step on an H200). This mo
 list once, statically, and finds where autograd's own engine can run many backward nodes in one
 pass, as a plain ``loss.backward()`` does:
 
-* a **group** is a run of consecutive backward computes on one device with only frees and
-  *refills* between them (no other forward compute, no copy, no other device's compute), each
-  the first computation of its node in the step and the only reader of the autograd state it
-  uses. A group is one ``torch.autograd.backward`` call.
+* a **group** is a run of consecutive backward computes on one device with only frees between
+  them (no forward compute, no copy, no other device's compute), each the first computation of
+  its node in the step and the only reader of the autograd state it uses. A group is one
+  ``torch.autograd.backward`` call.
 * a **refill** is a recomputation of a node whose first state the schedule freed before any
   backward node read it: that state is *retired* (its own saved tensors dropped, its
   ``grad_fn`` kept) and the recomputation refills it, as ``torch.utils.checkpoint`` does, so
-  the backward node runs on the ``grad_fn`` the forward pass linked to its consumers'. Inside a
-  group a refill runs in a pre-hook of the next compute (:func:`_walk_ops`).
+  the backward node runs on the ``grad_fn`` the forward pass linked to its consumers' and joins
+  their group (:func:`_walk_ops`).
 * an **internal edge** ``(B_w, u)`` is a gradient that ``B_w`` hands to ``u`` and that only
   ``B_u`` of the same group reads, through the very forward instance of ``F_u`` that ``F_w`` read
   (same device, no copy). Such a gradient never becomes a register: autograd passes it from
@@ -62,15 +62,12 @@ class Group:
     """Backward computes run as one autograd pass on one device.
 
     ``first``/``last``: the op indices it spans (frees between its computes included);
-    ``computes``: the op indices of its backward computes, in schedule order; ``refills``:
-    the forward recomputations between them (:attr:`Plan.refill`), which run inside the pass
-    just before the compute that follows them."""
+    ``computes``: the op indices of its backward computes, in schedule order."""
 
     device: int
     first: int
     last: int
     computes: tuple[int, ...]
-    refills: tuple[int, ...] = ()
 
 
 @dataclass
@@ -216,9 +213,9 @@ def _walk_ops(
     computes again on the same device, is *retired*, not dropped: its ``grad_fn`` stays (its
     saved tensors are dropped, so it holds no memory) and the recomputation refills them, as
     ``torch.utils.checkpoint`` does. The backward node then runs on the first computation's
-    ``grad_fn``, which is linked to its consumers' since the forward pass: the backward pass
-    is not cut at every recomputation (issue 29: the op-by-op backward of recomputing
-    schedules cost 1.03-1.27x a plain step even at 90 %)."""
+    ``grad_fn``, which is linked to its consumers' since the forward pass, and joins their
+    pass; before, it made a state of its own, linked to nothing, and started a pass of its own
+    (issue 29: recomputing schedules cost 1.03-1.27x a plain step even at 90 %)."""
     nf, kinds, fwd_of = facts.nf, facts.kinds, facts.fwd_of
     D = 1 + max((op.device for op in ops), default=0)
     D = max(D, 1 + max((op.src_device for op in ops if op.src_device is not None), default=0))
@@ -297,9 +294,7 @@ def _find_groups(
     One scan over the ops grows the current group while the next backward compute may join
     it: same device, its state made before the last member's (autograd runs the ready node
     made last first), each gradient from a member an internal edge, none from a register
-    (a pass has one root). A recomputation that refills a retired state joins with the
-    next member that joins (it runs inside the pass, just before it); any other compute closes
-    the group, and frees extend it."""
+    (a pass has one root). Any other compute closes the group; frees extend it."""
     nf, fwd_of = facts.nf, facts.fwd_of
     state_of, contrib_src = walk.state_of, walk.contrib_src
     last_read: dict[int, int] = {}  # B_w compute -> the last compute that reads its register
@@ -311,32 +306,19 @@ def _find_groups(
     cur: list[int] = []
     cur_first = -1
     cur_internal: set[tuple[int, int]] = set()
-    cur_refills: list[int] = []
-    pending: list[int] = []  # refills since the last member: they join with the next one
-    before_pending = -1  # where the group ends if no member follows them
 
     def close(last: int) -> None:
-        nonlocal cur, cur_first, cur_internal, cur_refills, pending
-        if pending:
-            last = before_pending
+        nonlocal cur, cur_first, cur_internal
         if cur:
-            groups[cur_first] = Group(
-                ops[cur[0]].device, cur_first, last, tuple(cur), tuple(cur_refills)
-            )
+            groups[cur_first] = Group(ops[cur[0]].device, cur_first, last, tuple(cur))
             internal.update(cur_internal)
-        cur, cur_first, cur_internal, cur_refills, pending = [], -1, set(), [], []
+        cur, cur_first, cur_internal = [], -1, set()
 
     last_op = -1
     for i, op in enumerate(ops):
         if op.kind in ("free", "free_state"):
             if cur:
                 last_op = i
-            continue
-        if cur and _refills_in_pass(ops, i, facts, walk, cur):
-            if not pending:
-                before_pending = last_op
-            pending.append(i)
-            last_op = i
             continue
         if not _fusable(ops, i, facts, walk, requires_grad, train, fuse):
             close(last_op)
@@ -365,28 +347,9 @@ def _find_groups(
             mine = set()
         cur.append(i)
         cur_internal |= mine
-        cur_refills += pending
-        pending = []
         last_op = i
     close(last_op)
     return groups, internal
-
-
-def _refills_in_pass(
-    ops: Sequence[Op], i: int, facts: _GraphFacts, walk: _OpWalk, members: Sequence[int]
-) -> bool:
-    """Can op ``i`` run inside the pass of the group ``members``, before its next backward
-    compute? A forward recomputation that refills a retired state (:func:`_walk_ops`), on the
-    group's device, reading no transient copy: it adds no node to the pass, only saved tensors
-    and a value. Not when a member so far saved that value: the group frees a looked-up value
-    at its last unpack, counted over the whole pass, which must then all read one register."""
-    v = ops[i].node
-    return (
-        i in walk.refill
-        and ops[i].device == ops[members[0]].device
-        and i not in walk.uses_copy
-        and not any(v in facts.saved_values[ops[m].node] for m in members)
-    )
 
 
 def _fusable(
