@@ -419,24 +419,20 @@ class _Runtime:
             raise RuntimeError(f"executor: free of node {u} on {d}, which does not hold it")
         reg[u] = None
 
-    def free_state(self, v: int, d: str) -> None:
+    def free_state(self, v: int, d: str) -> _State:
+        """Drop ``v``'s state on ``d`` and free what only it holds; returns it."""
         st = self.state[d]
         state = st[v]
         if state is None:
             raise RuntimeError(f"executor: free of the state of node {v} on {d}, which has none")
         state.drop()
         st[v] = None
+        return state
 
     def retire_state(self, v: int, d: str) -> None:
         """Free what ``v``'s state on ``d`` holds but keep its ``grad_fn`` for a later
         :meth:`refill` (``program._walk_ops``): the simulator's ``free_state``, memory-wise."""
-        st = self.state[d]
-        state = st[v]
-        if state is None:
-            raise RuntimeError(f"executor: retire of the state of node {v} on {d}, which has none")
-        state.drop()
-        st[v] = None
-        self.retained[d][v] = state
+        self.retained[d][v] = self.free_state(v, d)
 
     def refill(self, v: int, d: str) -> None:
         """Compute ``v`` again on ``d`` into its register and refill the saved tensors of its
