@@ -438,7 +438,7 @@ class _Runtime:
         """Compute ``v`` again on ``d`` into its register and refill the saved tensors of its
         retired state, which becomes its state again, as ``torch.utils.checkpoint``
         recomputes: the backward node runs on the first computation's ``grad_fn``, linked to
-        its consumers' since the forward pass, so the pass goes on through it. An op that
+        its consumers' since the forward pass, and joins their pass. An op that
         saves nothing of its own (only inputs or its output, looked up in the registers) is
         run for its value alone, under ``no_grad``, as a plain forward runs it."""
         self._set_threads(d)
