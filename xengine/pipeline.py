@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from xengine.config import RunConfig
-from xengine.execute.grads import check_grads, reference_devices
+from xengine.execute.grads import check_grads, grads_match, grads_max_rel_diff, reference_devices
 from xengine.prepare import Prepared, measure_profile, prepare
 from xengine.problem import Instance
 from xengine.progress import StatusLine
@@ -221,8 +221,10 @@ def _execute_into(
             return
     row.execution = ex
     _fill_measurement(row, ex)
+    if res.pytorch is not None:
+        row.compile_time_s = res.pytorch.compile_time_s
     wrong = list(ex.violations)  # measured peak above budget + the executor's stated tolerance
-    checked = check_grads(ex, row.devices, references, cfg.grad_rtol, cfg.grad_atol)
+    checked = _checked_grads(row, res, references, cfg)
     if checked is not None:  # None: a reference step failed, nothing to compare with
         row.grads_match, row.grads_max_rel_diff = checked
         if not row.grads_match:
@@ -236,6 +238,20 @@ def _execute_into(
     if wrong:
         row.wrong = "; ".join(wrong)
         log.error("%s: WRONG: %s", row.label, row.wrong)
+
+
+def _checked_grads(
+    row: RunRow, res: StrategyResult, references: Mapping[str, Any], cfg: RunConfig
+) -> tuple[bool, float | None] | None:
+    """The row's loss and gradients against plain PyTorch's (:func:`check_grads`), or, for a
+    compiled policy, its own pair of steps compared per tensor
+    (:class:`~xengine.result.GradCheck`)."""
+    own = res.pytorch.grad_check if res.pytorch is not None else None
+    if own is None:
+        return check_grads(row.execution, row.devices, references, cfg.grad_rtol, cfg.grad_atol)
+    row.note = "; ".join(filter(None, (row.note, f"gradients checked {own.how}")))
+    match = grads_match(own.run, own.plain, cfg.grad_rtol, cfg.grad_atol, per_tensor=True)
+    return match, grads_max_rel_diff(own.run, own.plain)
 
 
 def _execution_of(

@@ -16,6 +16,18 @@ from xengine.solvers.model import SOLUTION_STATUSES
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class GradCheck:
+    """The two steps whose loss and gradients a policy's row compares, where they are not the
+    timed step and the run's plain step (compiled code: compared per tensor, since fused
+    kernels add up in another order, and with dropout off when the net draws random numbers,
+    since compiled code draws its own); ``how`` says which, for the row's note."""
+
+    run: Any  # ExecutionResult
+    plain: Any  # ExecutionResult
+    how: str
+
+
 @dataclass
 class PolicyRun:
     """What a strategy that PyTorch runs itself (``baselines.pytorch``: its own checkpointing
@@ -31,6 +43,8 @@ class PolicyRun:
     level: int = -1
     tried: list[tuple[str, int]] = field(default_factory=list)
     execution: Any = None
+    compile_time_s: float | None = None  # compiled policies: the chosen level's first step
+    grad_check: GradCheck | None = None  # compiled policies check their own gradients
 
     @property
     def smallest_peak(self) -> tuple[str, int] | None:
@@ -223,6 +237,7 @@ class RunRow:
     fixed_bytes: int | None = None
     solve_time_s: float | None = None
     build_time_s: float | None = None
+    compile_time_s: float | None = None  # a compiled policy's first step (torch.compile)
     gap: float | None = None
     n_recomputes: int | None = None
     grads_match: bool | None = None
@@ -248,6 +263,7 @@ class RunRow:
             "fixed_mib": None if self.fixed_bytes is None else self.fixed_bytes / MIB,
             "solve_time_s": self.solve_time_s,
             "build_time_s": self.build_time_s,
+            "compile_time_s": self.compile_time_s,
             "gap": self.gap,
             "n_recomputes": self.n_recomputes,
             "grads_match": None if self.grads_match is None else float(self.grads_match),

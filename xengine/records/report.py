@@ -49,6 +49,7 @@ COLUMNS: list[tuple[str, Cell]] = [
     ("meas peak MiB", lambda r: _per_device(r.measured_peak_bytes, MIB, ".2f")),
     ("budget MiB", lambda r: _per_device(r.budget_bytes, MIB, ".2f")),
     ("solve s", lambda r: _num(r.solve_time_s, ".2f")),
+    ("compile s", lambda r: _num(r.compile_time_s, ".1f")),
     ("gap %", lambda r: _num(None if r.gap is None else 100 * r.gap, ".2f")),
     ("grads match", lambda r: _yes_no(r.grads_match)),
 ]
@@ -68,6 +69,7 @@ CSV_FIELDS: list[tuple[str, Callable[[RunRow], object]]] = [
     ("budget_mib", lambda r: _per_device(r.budget_bytes, MIB, ".6f")),
     ("fixed_mib", lambda r: None if r.fixed_bytes is None else r.fixed_bytes / MIB),
     ("solve_time_s", lambda r: r.solve_time_s),
+    ("compile_time_s", lambda r: r.compile_time_s),
     ("gap_pct", lambda r: None if r.gap is None else 100 * r.gap),
     ("n_recomputes", lambda r: r.n_recomputes),
     ("grads_match", lambda r: _yes_no(r.grads_match)),

@@ -133,6 +133,12 @@ STRATEGIES: dict[str, StrategySpec] = {
     "torch_sac": StrategySpec(
         "baselines.pytorch:solve_torch_sac", True, False, runs_in_pytorch=True
     ),
+    "torch_budget": StrategySpec(
+        "baselines.pytorch:solve_torch_budget", True, False, runs_in_pytorch=True
+    ),
+    "torch_budget_aot": StrategySpec(
+        "baselines.pytorch:solve_torch_budget_aot", True, False, runs_in_pytorch=True
+    ),
 }
 HEURISTICS = ("checkpoint_all", "chen_sqrtn", "chen_greedy", "recompute_greedy")
 PYTORCH_POLICIES = tuple(name for name, spec in STRATEGIES.items() if spec.runs_in_pytorch)
