@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -265,6 +266,10 @@ _MEASURED: dict[tuple, tuple[int, float]] = {}
 strategies, whose levels take seconds to minutes to compile: a sweep over budgets measures
 each level once per process."""
 
+_CHECKED: dict[tuple, GradCheck] = {}
+"""The same key (the chosen level) -> its gradient check (:func:`_own_check`, which compiles
+the level again with dropout off): once per process."""
+
 
 def measured_peak_bytes(captured: CapturedModel, device: str, rewrite: Rewrite | None) -> int:
     """The activation peak of one step of the rewritten module (after one warm-up step), as
@@ -331,7 +336,7 @@ def _run_policy(
     generator and buffers), as a plain step does: a dropout draws the same numbers.
     ``compiles``: the levels are compiled modules; their measurements are kept for the
     process (:data:`_MEASURED`), the chosen level's first step is its compile time, and its
-    gradients are checked here (:func:`_own_check`)."""
+    gradients are checked here, once per level (:func:`_own_check`, :data:`_CHECKED`)."""
     if inst.n_devices != 1:
         raise ValueError(f"{name} runs on one device; this instance has {inst.n_devices}")
     device, budget = inst.devices[0], int(inst.budget_bytes[0])
@@ -375,8 +380,11 @@ def _run_policy(
     res.message = what
     if compiles:
         res.pytorch.compile_time_s = first_s[chosen]
-        with start:
-            res.pytorch.grad_check = _own_check(captured, device, rewrite, ex)
+        key = (*net_key, what)
+        if key not in _CHECKED:
+            with start:
+                _CHECKED[key] = _own_check(captured, device, rewrite, ex)
+        res.pytorch.grad_check = _CHECKED[key]
     return res
 
 
@@ -462,6 +470,12 @@ def solve_torch_budget(
     """``torch.compile`` with ``activation_memory_budget`` (:func:`budget_levels`): the
     largest budget of :data:`BUDGET_LEVELS` whose measured peak fits, tried from 1.0 down."""
     name = next(n for n, b in COMPILERS.items() if b == backend)
+    on_cpu = not parse_device(inst.devices[0]).is_cuda
+    if backend == "inductor" and on_cpu and shutil.which("c++") is None:
+        raise ValueError(
+            f"{name}: inductor compiles C++ for the CPU and finds no C++ compiler (c++) on "
+            "PATH; install one (Debian: g++), or run torch_budget_aot, which compiles nothing"
+        )
     return _run_policy(
         name, inst, captured, budget_levels(backend), False, n_steps, warmup, compiles=True
     )

@@ -4,18 +4,23 @@ every row, with a plain step's loss and gradients."""
 from __future__ import annotations
 
 import functools
+import shutil
 
 import pytest
 import torch
 from torch import nn
 
 from baselines.pytorch import (
+    BUDGET_LEVELS,
     checkpoint_levels,
+    compiled,
     find_blocks,
     measured_peak_bytes,
     sac_levels,
+    solve_torch_budget,
     solve_torch_checkpoint,
     solve_torch_sac,
+    without_dropout,
 )
 from xengine.execute.executor import reference_step
 from xengine.graph.nets import GPTConfig, GPTDecoder
@@ -157,3 +162,76 @@ def test_the_table_shows_pytorch_policies_beside_our_schedules(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "torch_sac: no level fits the budget" in proc.stdout
     assert "the smallest measured peak is" in proc.stdout
+
+
+def test_the_memory_budget_is_tried_from_the_partitioners_choice_down():
+    assert BUDGET_LEVELS == (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0)
+
+
+def test_dropout_off_switches_off_every_random_draw_of_the_decoder():
+    module = GPTDecoder(GPTConfig())
+    without_dropout(None)(module)
+    drops = [m for m in module.modules() if isinstance(m, nn.Dropout)]
+    assert drops and all(m.p == 0.0 for m in drops)
+    attention = [m for m in module.modules() if isinstance(getattr(m, "dropout", None), float)]
+    assert attention and all(m.dropout == 0.0 for m in attention)
+
+
+def _compiled_fits(backend: str) -> None:
+    """At 85 % of a plain step's peak on the decoder: the first budget level that fits is
+    chosen (the levels above it measured over the budget), its timed step's peak is within
+    the budget and equal (1 %) to a step of the same level compiled again, and its loss and
+    gradients, with dropout off, are a plain step's per tensor."""
+    from xengine.execute.grads import grads_match
+
+    cap, ref = decoder(), plain("decoder")
+    budget = int(0.85 * ref.peak_bytes["cpu"])
+    torch.manual_seed(0)
+    res = solve_torch_budget(_inst(cap, budget), cap, 1, 1, backend=backend)
+    assert res.status == "feasible" and res.fits, res.message
+    run, ex = res.pytorch, res.pytorch.execution
+    assert run.level >= 0 and run.policy.startswith(backend)
+    assert len(run.tried) == run.level + 1 and all(p > budget for _, p in run.tried[:-1])
+    assert ex.peak_bytes["cpu"] <= budget and not ex.violations
+    torch.manual_seed(0)
+    again = measured_peak_bytes(cap, "cpu", compiled(backend, BUDGET_LEVELS[run.level]))
+    assert abs(again - ex.peak_bytes["cpu"]) <= 0.01 * ex.peak_bytes["cpu"]
+    assert run.compile_time_s > ex.step_time_s
+    check = run.grad_check
+    assert "dropout off" in check.how and check.run is not ex
+    assert grads_match(check.run, check.plain, 1e-4, 1e-6, per_tensor=True)
+    assert check.run.loss == pytest.approx(check.plain.loss, rel=1e-5)
+
+
+def test_the_compilers_budget_without_fusion_fits_with_a_plain_steps_gradients():
+    _compiled_fits("aot_eager")
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="inductor needs a C++ compiler")
+def test_the_compilers_budget_with_inductor_fits_with_a_plain_steps_gradients():
+    _compiled_fits("inductor")
+
+
+def test_the_table_shows_the_compilers_budget_with_its_compile_time(tmp_path):
+    from tests.helpers import run_cli
+
+    proc = run_cli(
+        tmp_path,
+        "net=gpt2_small",
+        "net.image_size=64",
+        "strategy=[torch_budget_aot]",
+        "profile.context_rounds=0",
+        "n_steps=1",
+        "mem=85%",
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("torch_budget_aot"))
+    assert row.split()[1] == "feasible" and row.split()[-1] == "yes", proc.stdout
+    assert "compile s" in proc.stdout
+    assert "torch_budget_aot: aot_eager, activation_memory_budget" in proc.stdout
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run = mlflow.search_runs(search_all_experiments=True).iloc[0]
+    compile_s = run["metrics.torch_budget_aot/compile_time_s"]
+    assert compile_s > run["metrics.torch_budget_aot/measured_time_ms"] / 1e3
