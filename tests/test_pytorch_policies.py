@@ -235,3 +235,22 @@ def test_the_table_shows_the_compilers_budget_with_its_compile_time(tmp_path):
     run = mlflow.search_runs(search_all_experiments=True).iloc[0]
     compile_s = run["metrics.torch_budget_aot/compile_time_s"]
     assert compile_s > run["metrics.torch_budget_aot/measured_time_ms"] / 1e3
+
+
+def test_a_step_that_starts_without_gradients_reports_them_as_fixed_memory():
+    """``PlainStep(set_to_none=True)`` (``experiments/compiled_gradients.py``): the same
+    gradients bit for bit, and a peak, less the gradients it made, that is at most the kept
+    gradients' peak and at least that peak less all gradients and one transient gradient."""
+    from xengine.execute.executor import PlainStep
+
+    cap, ref = decoder(), plain("decoder")
+    torch.manual_seed(0)
+    with PlainStep(cap, "cpu", set_to_none=True) as step:
+        step.step()
+        peak, _ = step.cpu_peak()
+        grads = {n: p.grad for n, p in step.module.named_parameters()}
+    for name, g in ref.param_grads.items():
+        torch.testing.assert_close(grads[name], g, rtol=0, atol=0, msg=name)
+    sizes = [p.numel() * p.element_size() for p in cap.module.parameters()]
+    kept = ref.peak_bytes["cpu"]
+    assert peak <= kept <= peak + sum(sizes) + max(sizes)

@@ -1676,7 +1676,12 @@ class PlainStep:
     ``rewrite`` changes a copy of the module before it runs (PyTorch's own checkpointing,
     ``baselines.pytorch``); that copy's buffers are not copied back at :meth:`close`: a
     recomputed batch norm updates its running statistics twice, and the captured module keeps
-    a plain step's."""
+    a plain step's.
+
+    ``set_to_none``: each step starts without gradients (``optimizer.zero_grad()``'s default)
+    instead of accumulating into zeroed ones, and its peaks are reported less the bytes of the
+    gradients it makes, which every row counts as fixed memory: the same total, counted the
+    same way (``experiments/compiled_gradients.py`` measures what this changes)."""
 
     def __init__(
         self,
@@ -1684,6 +1689,7 @@ class PlainStep:
         device: str = "cpu",
         as_written: bool = False,
         rewrite: Callable[[nn.Module], None] | None = None,
+        set_to_none: bool = False,
     ):
         self.captured, self.device = captured, device
         self.spec = spec = parse_device(device)
@@ -1703,6 +1709,7 @@ class PlainStep:
         self.x = captured.example_input.to(dev)
         self.target = captured.target.to(dev)
         self.params = [p for p in self.module.parameters() if p.requires_grad] if self.train else []
+        self.set_to_none = set_to_none
         for p in self.params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -1729,7 +1736,10 @@ class PlainStep:
         self._start.restore()
         with torch.no_grad():
             for p in self.params:
-                p.grad.zero_()
+                if self.set_to_none:
+                    p.grad = None
+                else:
+                    p.grad.zero_()
         ctx = (
             torch.profiler.record_function(f"{LABEL_PREFIX}ref|{self.device}|0")
             if labelled
@@ -1757,8 +1767,16 @@ class PlainStep:
         dt = time.perf_counter() - t0
         self.fixed_bytes = fixed
         if self.spec.is_cuda:
-            return dt, int(torch.cuda.max_memory_allocated(self.dev) - fixed)
+            return dt, int(torch.cuda.max_memory_allocated(self.dev) - fixed) - self._made_bytes
         return dt, -1
+
+    @property
+    def _made_bytes(self) -> int:
+        """Bytes of fixed memory that a step makes itself: its gradients, with
+        ``set_to_none``."""
+        if not self.set_to_none:
+            return 0
+        return sum(p.numel() * p.element_size() for p in self.params)
 
     def cpu_peak(self) -> tuple[int, str]:
         with torch.profiler.profile(
@@ -1766,7 +1784,7 @@ class PlainStep:
         ) as prof:
             self.run(labelled=True)
         peaks, source = _cpu_peaks_from_profile(prof, [self.device])
-        return peaks[self.device], source
+        return peaks[self.device] - self._made_bytes, source
 
 
 def reference_step(
