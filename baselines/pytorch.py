@@ -39,10 +39,13 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
+from xengine.checkpoints import block_checkpoint_matrix, solve_r_opt
 from xengine.execute.executor import ExecutionResult, PlainStep, parse_device, reference_step
 from xengine.graph.capture import CapturedModel, storage_ptr
 from xengine.problem import Instance
 from xengine.result import GradCheck, PolicyRun, StrategyResult
+from xengine.schedule import Schedule
+from xengine.simulate import simulate
 from xengine.torch_state import TorchState
 from xengine.units import format_bytes
 
@@ -330,13 +333,16 @@ def _run_policy(
     n_steps: int,
     warmup: int,
     compiles: bool = False,
+    translate: Callable[[int], Schedule] | None = None,
 ) -> StrategyResult:
     """Search the policy's levels for the first that fits ``inst``'s one budget, then time
     it. Every measured step starts from the state the strategy was called in (random
     generator and buffers), as a plain step does: a dropout draws the same numbers.
     ``compiles``: the levels are compiled modules; their measurements are kept for the
     process (:data:`_MEASURED`), the chosen level's first step is its compile time, and its
-    gradients are checked here, once per level (:func:`_own_check`, :data:`_CHECKED`)."""
+    gradients are checked here, once per level (:func:`_own_check`, :data:`_CHECKED`).
+    ``translate``: the chosen level as a schedule of ours, which the simulator replays for
+    the row's prediction (``PolicyRun.sim``)."""
     if inst.n_devices != 1:
         raise ValueError(f"{name} runs on one device; this instance has {inst.n_devices}")
     device, budget = inst.devices[0], int(inst.budget_bytes[0])
@@ -378,6 +384,10 @@ def _run_policy(
     res.status = "feasible"
     res.pytorch = PolicyRun(what, chosen, tried, ex)
     res.message = what
+    if translate is not None:
+        with start:
+            sched = translate(chosen)
+        res.pytorch.sim = simulate(inst, sched)
     if compiles:
         res.pytorch.compile_time_s = first_s[chosen]
         key = (*net_key, what)
@@ -410,17 +420,53 @@ def _blocks_or_raise(captured: CapturedModel, who: str) -> list[str]:
     return blocks
 
 
-def checkpoint_levels(captured: CapturedModel) -> list[tuple[str, Rewrite | None]]:
-    """``torch_checkpoint``'s levels: no checkpoint, then ``torch.utils.checkpoint`` around
-    the k blocks that save the most bytes (:func:`saved_bytes_by_block`), k = 1 .. all."""
+def checkpoint_sets(captured: CapturedModel) -> list[list[str]]:
+    """``torch_checkpoint``'s block sets, level k checkpointing the k blocks that save the
+    most bytes (:func:`saved_bytes_by_block`), in the net's order; level 0 none."""
     blocks = _blocks_or_raise(captured, "torch_checkpoint")
     saved = saved_bytes_by_block(captured, blocks)
     order = sorted(blocks, key=lambda b: -saved[b])  # stable: ties keep the net's order
+    return [sorted(order[:k], key=blocks.index) for k in range(len(order) + 1)]
+
+
+def checkpoint_levels(captured: CapturedModel) -> list[tuple[str, Rewrite | None]]:
+    """``torch_checkpoint``'s levels: no checkpoint, then ``torch.utils.checkpoint`` around
+    each of :func:`checkpoint_sets`."""
+    sets = checkpoint_sets(captured)
     levels: list[tuple[str, Rewrite | None]] = [("no checkpoint", None)]
-    for k in range(1, len(order) + 1):
-        ck = sorted(order[:k], key=blocks.index)
-        levels.append((f"checkpoint {k} of {len(blocks)} blocks: {_names(ck)}", checkpointed(ck)))
+    for ck in sets[1:]:
+        what = f"checkpoint {len(ck)} of {len(sets) - 1} blocks: {_names(ck)}"
+        levels.append((what, checkpointed(ck)))
     return levels
+
+
+def block_nodes(captured: CapturedModel, paths: Sequence[str]) -> list[list[int]]:
+    """The forward nodes of each block of ``paths``: from the first to the last op whose
+    module is the block or inside it. A block's ops run one after the other, so a function
+    between them (a residual addition) is the block's too; one after its last module (the
+    decoder's second residual addition) is counted outside it, where it keeps its output as
+    the next block's input does."""
+    out = []
+    for path in paths:
+        idx = [
+            op.index
+            for op in captured.ops
+            if op.module_path is not None
+            and (op.module_path == path or op.module_path.startswith(path + "."))
+        ]
+        if not idx:
+            raise ValueError(f"block {path!r} has no op in the captured graph")
+        out.append(list(range(min(idx), max(idx) + 1)))
+    return out
+
+
+def checkpoint_schedule(captured: CapturedModel, inst: Instance, paths: Sequence[str]) -> Schedule:
+    """``torch.utils.checkpoint`` around ``paths`` as a schedule of ours
+    (:func:`xengine.checkpoints.block_checkpoint_matrix`, ``R`` from
+    :func:`xengine.checkpoints.solve_r_opt`), so that the simulator predicts what PyTorch
+    measures."""
+    S = block_checkpoint_matrix(inst.graph, block_nodes(captured, paths))
+    return solve_r_opt(inst.graph, S, inst.devices[0])
 
 
 def sac_levels(captured: CapturedModel) -> list[tuple[str, Rewrite | None]]:
@@ -449,7 +495,20 @@ def solve_torch_checkpoint(
     """``torch.utils.checkpoint`` around the fewest blocks whose measured peak fits, those
     saving the most bytes first (:func:`checkpoint_levels`); bisection over the number of
     blocks, from none (a plain step) to all of them."""
-    return _run_policy("torch_checkpoint", inst, captured, checkpoint_levels, True, n_steps, warmup)
+
+    def translate(level: int) -> Schedule:
+        return checkpoint_schedule(captured, inst, checkpoint_sets(captured)[level])
+
+    return _run_policy(
+        "torch_checkpoint",
+        inst,
+        captured,
+        checkpoint_levels,
+        True,
+        n_steps,
+        warmup,
+        translate=translate,
+    )
 
 
 def solve_torch_sac(

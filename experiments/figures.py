@@ -915,7 +915,8 @@ def predicted_vs_measured(runs: list[RunRecord], out: Path) -> Outcome:
 def frontier_points(runs: list[RunRecord]) -> pd.DataFrame:
     """Every executed single-device row that fits, and each run's plain step: measured peak
     (MiB) and measured time, also as a multiple of the plain step of the same run (the
-    machine's speed drifts between runs; a ratio in one run does not)."""
+    machine's speed drifts between runs; a ratio in one run does not); ``wrong``: the row's
+    loss or gradients differ from the plain step's (drawn hollow, never a ratio's winner)."""
     rows = []
     for r in runs_for(runs, "frontier"):
         plain_ms = r.metric("pytorch", "measured_time_ms")
@@ -935,6 +936,7 @@ def frontier_points(runs: list[RunRecord]) -> pd.DataFrame:
                     "measured_time_ms": t,
                     "plain_time_ms": plain_ms,
                     "time_over_plain": t / plain_ms,
+                    "wrong": bool(r.tags.get(f"xe.wrong.{label}")),
                     "run_id": r.run_id,
                 }
             )
@@ -947,7 +949,7 @@ def frontier_ratios(points: pd.DataFrame, tolerance_mib: float = 1.0) -> pd.Data
     multiples of their own run's plain step; above 1, Checkmate is faster at that memory."""
     out = []
     for graph, sub in points.groupby("graph"):
-        ck = sub[sub["strategy"] == "checkmate"]
+        ck = sub[(sub["strategy"] == "checkmate") & ~sub["wrong"]]
         for _, p in sub[sub["strategy"] != "checkmate"].iterrows():
             at = ck[ck["measured_peak_mib"] <= p["measured_peak_mib"] + tolerance_mib]
             if at.empty:
@@ -962,6 +964,7 @@ def frontier_ratios(points: pd.DataFrame, tolerance_mib: float = 1.0) -> pd.Data
                     "checkmate_peak_mib": best["measured_peak_mib"],
                     "checkmate_time_over_plain": best["time_over_plain"],
                     "ratio": p["time_over_plain"] / best["time_over_plain"],
+                    "wrong_gradients": p["wrong"],
                 }
             )
     return pd.DataFrame(out)
@@ -989,7 +992,13 @@ def frontier(runs: list[RunRecord], out: Path) -> Outcome:
             else:
                 marker = "X" if strategy in PYTORCH_POLICIES else "s"
                 kw = {"marker": marker, "ms": 7, "color": st["color"], "ls": "none"}
-            ax.plot(pts["measured_peak_mib"], pts["time_over_plain"], label=strategy, **kw)
+            right, wrong = pts[~pts["wrong"]], pts[pts["wrong"]]
+            if not right.empty:
+                ax.plot(right["measured_peak_mib"], right["time_over_plain"], label=strategy, **kw)
+            if not wrong.empty:
+                kw = {**kw, "mfc": "none", "ls": "none"}
+                label = f"{strategy} (wrong gradients)"
+                ax.plot(wrong["measured_peak_mib"], wrong["time_over_plain"], label=label, **kw)
         ax.set_title(graph, fontsize=10)
         ax.set_xlabel("measured peak (MiB)")
         ax.set_ylabel("step time / plain step (same run)")
@@ -997,7 +1006,9 @@ def frontier(runs: list[RunRecord], out: Path) -> Outcome:
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(graphs) :]:
         ax.axis("off")
-    fig.suptitle("Memory against time, measured: Checkmate, heuristics, PyTorch's own")
+    fig.suptitle(
+        "Memory against time, measured: Checkmate, heuristics, PyTorch's own, torch.compile"
+    )
     fig.tight_layout()
     outcome = Outcome(name, _save(fig, points, out, name))
     ratios = frontier_ratios(points)

@@ -171,6 +171,13 @@ def _frontier_sweep(client, exp_id):
                 "torch_checkpoint/measured_peak_mib": pol[0],
                 "torch_checkpoint/measured_time_ms": plain_ms * pol[1],
             }
+        if budget == 80.0:  # a compiled policy whose gradients were wrong
+            tags |= {"xe.status.torch_budget": "feasible", "xe.wrong.torch_budget": "grads"}
+            metrics |= {
+                "torch_budget/budget_mib": budget,
+                "torch_budget/measured_peak_mib": 70.0,
+                "torch_budget/measured_time_ms": plain_ms * 0.9,
+            }
         ids.append(_log(client, exp_id, f"frontier-{budget}", _params(), metrics, tags))
     return ids
 
@@ -280,7 +287,10 @@ def test_every_figure_is_written_with_its_data(filled_store, tmp_path):
 
     front = pd.read_csv(out / "frontier.csv")
     assert set(front["run_id"]) == set(ids["frontier"])  # tagged runs only
-    assert sorted(front["strategy"].unique()) == ["checkmate", "pytorch", "torch_checkpoint"]
+    assert sorted(front["strategy"].unique()) == [
+        "checkmate", "pytorch", "torch_budget", "torch_checkpoint",
+    ]  # fmt: skip
+    assert front.loc[front["wrong"], "strategy"].tolist() == ["torch_budget"]
     ck = front[front["strategy"] == "checkmate"].sort_values("measured_peak_mib")
     assert ck["time_over_plain"].round(6).tolist() == [1.2, 1.1, 1.0]  # own run's plain step
     ratios = pd.read_csv(out / "frontier_ratios.csv").sort_values("measured_peak_mib")
@@ -289,6 +299,7 @@ def test_every_figure_is_written_with_its_data(filled_store, tmp_path):
     assert tc["checkmate_peak_mib"].tolist() == [58.0, 78.0]
     assert tc["ratio"].round(6).tolist() == [round(1.3 / 1.2, 6), round(1.2 / 1.1, 6)]
     assert set(ratios.loc[ratios["strategy"] == "pytorch", "ratio"].round(6)) == {1.0}
+    assert ratios.loc[ratios["strategy"] == "torch_budget", "wrong_gradients"].tolist() == [True]
 
     mem = pd.concat(
         pd.read_csv(p) for p in by_name["memory_per_device"].paths if p.suffix == ".csv"

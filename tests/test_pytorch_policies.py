@@ -254,3 +254,22 @@ def test_a_step_that_starts_without_gradients_reports_them_as_fixed_memory():
     sizes = [p.numel() * p.element_size() for p in cap.module.parameters()]
     kept = ref.peak_bytes["cpu"]
     assert peak <= kept <= peak + sum(sizes) + max(sizes)
+
+
+@pytest.mark.parametrize("net", ["resnet18", "decoder"])
+def test_checkpointed_blocks_as_our_schedule_predict_pytorchs_peak(net):
+    """Issue 29's item 5: ``torch.utils.checkpoint`` around k blocks, translated into a
+    schedule of ours (:func:`checkpoint_schedule`), has the simulated peak that PyTorch
+    measures for it within 1 %, at the first, middle and last level of ``torch_checkpoint``."""
+    from baselines.pytorch import checkpoint_schedule, checkpoint_sets
+    from xengine.simulate import simulate
+
+    cap = resnet18_128() if net == "resnet18" else decoder()
+    inst = _inst(cap, 2**40)
+    sets = checkpoint_sets(cap)
+    levels = checkpoint_levels(cap)
+    for k in sorted({1, len(sets) // 2, len(sets) - 1}):
+        torch.manual_seed(0)
+        measured = measured_peak_bytes(cap, "cpu", levels[k][1])
+        predicted = int(simulate(inst, checkpoint_schedule(cap, inst, sets[k])).peak_bytes[0])
+        assert abs(predicted - measured) <= 0.01 * measured, (k, predicted, measured)

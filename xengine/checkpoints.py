@@ -17,7 +17,7 @@ device that reads it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -188,6 +188,44 @@ def schedule_from_checkpoints(graph: Graph, keep: Iterable[int], device: int | s
     keep-everything schedule; ``keep`` = {} the recompute-heavy one (each backward stage
     recomputes its forward inputs from the graph's inputs)."""
     return solve_r_opt(graph, checkpoint_matrix(graph, keep), device)
+
+
+def block_checkpoint_matrix(graph: Graph, blocks: Sequence[Sequence[int]]) -> np.ndarray:
+    """The (T, n) checkpoint matrix of ``torch.utils.checkpoint`` around ``blocks`` (each a
+    list of forward nodes, one block's ops): what PyTorch keeps, as residency.
+
+    * A node outside every block, and a block's input (a value that a block reads from
+      outside it: the checkpoint saves it), is a checkpoint (:func:`checkpoint_matrix`).
+    * A block's node is resident from its computation up to its last reader outside the
+      block (a later op that saved it, forward or backward), and up to its last forward
+      reader, as in the forward pass.
+    * When the backward pass reaches the block (the first stage of one of its backward
+      ops), the block is run again and each of its nodes that a backward op of the block
+      reads stays resident up to that reader's stage. :func:`solve_r_opt` then recomputes
+      exactly those nodes, and what they need, in that first stage.
+    """
+    n = graph.size
+    inside = np.zeros(n, dtype=bool)
+    for block in blocks:
+        inside[list(block)] = True
+    members = [set(int(i) for i in block) for block in blocks]
+    inputs = {u for m in members for v in m for u in graph.predecessors[v] if u not in m and u < n}
+    keep = [i for i in range(n) if graph.nodes[i].kind == "fwd" and (not inside[i] or i in inputs)]
+    S = checkpoint_matrix(graph, keep)
+    fwd_of = [graph.nodes[v].fwd_index for v in range(n)]
+    for m in members:
+        back = [v for v in range(n) if graph.nodes[v].kind == "bwd" and fwd_of[v] in m]
+        if not back:
+            continue
+        first = min(back)
+        for i in m:
+            outside = [v for v in graph.successors[i] if v not in m and fwd_of[v] not in m]
+            if outside:
+                S[i + 1 : max(outside) + 1, i] = True
+            again = [v for v in graph.successors[i] if graph.nodes[v].kind == "bwd" and v in back]
+            if again:
+                S[first + 1 : max(again) + 1, i] = True
+    return S
 
 
 def articulation_points(graph: Graph) -> list[int]:

@@ -37,7 +37,9 @@ class PolicyRun:
     levels (0: no checkpoint; -1: none fits); ``tried``: ``(level, measured peak bytes)``
     for every level measured during the search, in the order tried (the policy's own memory
     frontier); ``execution``: the chosen level's timed step (an
-    :class:`~xengine.execute.executor.ExecutionResult`), None when no level fits."""
+    :class:`~xengine.execute.executor.ExecutionResult`), None when no level fits; ``sim``:
+    where the policy translates into a schedule of ours (``torch_checkpoint``), the
+    simulator's replay of the chosen level, the row's prediction."""
 
     policy: str
     level: int = -1
@@ -45,6 +47,7 @@ class PolicyRun:
     execution: Any = None
     compile_time_s: float | None = None  # compiled policies: the chosen level's first step
     grad_check: GradCheck | None = None  # compiled policies check their own gradients
+    sim: Simulation | None = None  # the chosen level as a schedule of ours, replayed
 
     @property
     def smallest_peak(self) -> tuple[str, int] | None:
@@ -289,7 +292,7 @@ def _mib_max(values: tuple[int, ...] | None) -> float | None:
 
 
 def row_of(label: str, res: StrategyResult) -> RunRow:
-    sim = res.sim
+    sim = res.sim if res.pytorch is None else res.pytorch.sim  # a policy's translated level
     row = RunRow(
         label=label,
         strategy=res.strategy,
