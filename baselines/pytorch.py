@@ -456,7 +456,10 @@ def block_nodes(captured: CapturedModel, paths: Sequence[str]) -> list[list[int]
         ]
         if not idx:
             raise ValueError(f"block {path!r} has no op in the captured graph")
-        out.append(list(range(min(idx), max(idx) + 1)))
+        last = max(idx)
+        while last + 1 < len(captured.ops) and captured.ops[last + 1].module_path is None:
+            last += 1  # the function calls after its last module: a residual addition
+        out.append(list(range(min(idx), last + 1)))
     return out
 
 
@@ -465,8 +468,8 @@ def checkpoint_schedule(captured: CapturedModel, inst: Instance, paths: Sequence
     (:func:`xengine.checkpoints.block_checkpoint_matrix`, ``R`` from
     :func:`xengine.checkpoints.solve_r_opt`), so that the simulator predicts what PyTorch
     measures."""
-    S = block_checkpoint_matrix(inst.graph, block_nodes(captured, paths))
-    return solve_r_opt(inst.graph, S, inst.devices[0])
+    S, S_state = block_checkpoint_matrix(inst.graph, block_nodes(captured, paths))
+    return solve_r_opt(inst.graph, S, inst.devices[0], S_state=S_state)
 
 
 def sac_levels(captured: CapturedModel) -> list[tuple[str, Rewrite | None]]:

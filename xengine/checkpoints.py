@@ -190,28 +190,45 @@ def schedule_from_checkpoints(graph: Graph, keep: Iterable[int], device: int | s
     return solve_r_opt(graph, checkpoint_matrix(graph, keep), device)
 
 
-def block_checkpoint_matrix(graph: Graph, blocks: Sequence[Sequence[int]]) -> np.ndarray:
-    """The (T, n) checkpoint matrix of ``torch.utils.checkpoint`` around ``blocks`` (each a
-    list of forward nodes, one block's ops): what PyTorch keeps, as residency.
+def block_checkpoint_matrix(
+    graph: Graph, blocks: Sequence[Sequence[int]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The (T, n) value and state residency of ``torch.utils.checkpoint`` around ``blocks``
+    (each a list of forward nodes, one block's ops): what PyTorch keeps.
 
-    * A node outside every block, and a block's input (a value that a block reads from
-      outside it: the checkpoint saves it), is a checkpoint (:func:`checkpoint_matrix`).
-    * A block's node is resident from its computation up to its last reader outside the
+    Values:
+
+    * a node outside every block, and a block's input (a value that a block reads from
+      outside it: the checkpoint saves it), is a checkpoint (:func:`checkpoint_matrix`);
+    * a block's node is resident from its computation up to its last reader outside the
       block (a later op that saved it, forward or backward), and up to its last forward
-      reader, as in the forward pass.
-    * When the backward pass reaches the block (the first stage of one of its backward
-      ops), the block is run again and each of its nodes that a backward op of the block
-      reads stays resident up to that reader's stage. :func:`solve_r_opt` then recomputes
-      exactly those nodes, and what they need, in that first stage.
+      reader, as in the forward pass;
+    * when the backward pass reaches the block (the first stage of one of its backward
+      ops), the block runs again, and each of its nodes that a backward op of the block
+      reads stays resident up to that reader's stage.
+
+    States (what an op saves for its own backward: masks, statistics): an op outside the
+    blocks keeps its state from its computation to its backward op; a block's op only from
+    the block's first backward stage on, since the checkpoint saves nothing of the block in
+    the forward pass and the recomputation makes every state again (a dropout's mask too,
+    from the replayed random state). An op whose value is still resident when the block's
+    backward begins (the block's output, kept as the next block's input) keeps its state
+    from the forward pass: we never compute a resident value again. :func:`solve_r_opt` then
+    recomputes, in that first stage, exactly the ops whose values or states the block's
+    backward needs.
     """
     n = graph.size
     inside = np.zeros(n, dtype=bool)
     for block in blocks:
         inside[list(block)] = True
-    members = [set(int(i) for i in block) for block in blocks]
-    inputs = {u for m in members for v in m for u in graph.predecessors[v] if u not in m and u < n}
+    members = [{int(i) for i in block} for block in blocks]
+    inputs = {u for m in members for v in m for u in graph.predecessors[v] if u not in m}
     keep = [i for i in range(n) if graph.nodes[i].kind == "fwd" and (not inside[i] or i in inputs)]
     S = checkpoint_matrix(graph, keep)
+    A = np.zeros((n, n), dtype=bool)
+    reader = graph.state_reader
+    for i in np.flatnonzero((reader >= 0) & ~inside):
+        A[i + 1 : reader[i] + 1, i] = True
     fwd_of = [graph.nodes[v].fwd_index for v in range(n)]
     for m in members:
         back = [v for v in range(n) if graph.nodes[v].kind == "bwd" and fwd_of[v] in m]
@@ -225,7 +242,9 @@ def block_checkpoint_matrix(graph: Graph, blocks: Sequence[Sequence[int]]) -> np
             again = [v for v in graph.successors[i] if graph.nodes[v].kind == "bwd" and v in back]
             if again:
                 S[first + 1 : max(again) + 1, i] = True
-    return S
+            if reader[i] >= 0:  # a value kept through the block (its output) is not made again
+                A[(i if S[first, i] else first) + 1 : reader[i] + 1, i] = True
+    return S, A
 
 
 def articulation_points(graph: Graph) -> list[int]:
