@@ -40,7 +40,13 @@ from torch.utils.checkpoint import (
 )
 
 from xengine.checkpoints import block_checkpoint_matrix, solve_r_opt
-from xengine.execute.executor import ExecutionResult, PlainStep, parse_device, reference_step
+from xengine.execute.executor import (
+    ExecutionResult,
+    PlainStep,
+    execute,
+    parse_device,
+    reference_step,
+)
 from xengine.graph.capture import CapturedModel, storage_ptr
 from xengine.problem import Instance
 from xengine.result import GradCheck, PolicyRun, StrategyResult
@@ -342,7 +348,8 @@ def _run_policy(
     process (:data:`_MEASURED`), the chosen level's first step is its compile time, and its
     gradients are checked here, once per level (:func:`_own_check`, :data:`_CHECKED`).
     ``translate``: the chosen level as a schedule of ours, which the simulator replays for
-    the row's prediction (``PolicyRun.sim``)."""
+    the row's prediction (``PolicyRun.sim``) and our executor runs beside PyTorch's
+    (``PolicyRun.ours``)."""
     if inst.n_devices != 1:
         raise ValueError(f"{name} runs on one device; this instance has {inst.n_devices}")
     device, budget = inst.devices[0], int(inst.budget_bytes[0])
@@ -388,6 +395,8 @@ def _run_policy(
         with start:
             sched = translate(chosen)
         res.pytorch.sim = simulate(inst, sched)
+        with start:
+            res.pytorch.ours = execute(captured, inst, sched, n_steps, warmup)
     if compiles:
         res.pytorch.compile_time_s = first_s[chosen]
         key = (*net_key, what)

@@ -92,6 +92,9 @@ def test_torch_checkpoint_checkpoints_the_fewest_blocks_that_fit():
     _same_answer(ex, ref)
     predicted = run.sim.peak_bytes[0]  # the level as a schedule of ours, replayed
     assert abs(predicted - ex.peak_bytes["cpu"]) <= 0.01 * ex.peak_bytes["cpu"]
+    ours = run.ours  # ... and run by our executor beside PyTorch's
+    assert abs(ours.peak_bytes["cpu"] - ex.peak_bytes["cpu"]) <= 0.01 * ex.peak_bytes["cpu"]
+    _same_answer(ours, ref)
     levels = checkpoint_levels(cap)
     assert 0 < run.level < len(levels) and run.policy == levels[run.level][0]
     again = measured_peak_bytes(cap, "cpu", levels[run.level][1])

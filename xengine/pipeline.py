@@ -224,6 +224,7 @@ def _execute_into(
     if res.pytorch is not None:
         row.compile_time_s = res.pytorch.compile_time_s
     wrong = list(ex.violations)  # measured peak above budget + the executor's stated tolerance
+    wrong += _ours_beside(row, res, references, cfg)
     checked = _checked_grads(row, res, references, cfg)
     if checked is not None:  # None: a reference step failed, nothing to compare with
         row.grads_match, row.grads_max_rel_diff = checked
@@ -238,6 +239,34 @@ def _execute_into(
     if wrong:
         row.wrong = "; ".join(wrong)
         log.error("%s: WRONG: %s", row.label, row.wrong)
+
+
+def _ours_beside(
+    row: RunRow, res: StrategyResult, references: Mapping[str, Any], cfg: RunConfig
+) -> list[str]:
+    """A policy translated into a schedule of ours (``PolicyRun.ours``): its time and peak
+    under our executor on the row, and what is wrong with that run (its loss or gradients,
+    its peak against the prediction)."""
+    ours = res.pytorch.ours if res.pytorch is not None else None
+    if ours is None:
+        return []
+    device = row.devices[0]
+    row.ours_time_s, row.ours_peak_bytes = float(ours.step_time_s), int(ours.peak_bytes[device])
+    row.note = "; ".join(
+        filter(
+            None,
+            (
+                row.note,
+                f"our executor on the same checkpoints: {ours.step_time_s * 1e3:.2f} ms, "
+                f"peak {format_bytes(row.ours_peak_bytes)}",
+            ),
+        )
+    )
+    wrong = [f"our executor's run of its schedule: {v}" for v in ours.violations]
+    checked = check_grads(ours, row.devices, references, cfg.grad_rtol, cfg.grad_atol)
+    if checked is not None and not checked[0]:
+        wrong.append("our executor's run of its schedule: loss or gradients differ from plain")
+    return wrong
 
 
 def _checked_grads(

@@ -39,7 +39,8 @@ class PolicyRun:
     frontier); ``execution``: the chosen level's timed step (an
     :class:`~xengine.execute.executor.ExecutionResult`), None when no level fits; ``sim``:
     where the policy translates into a schedule of ours (``torch_checkpoint``), the
-    simulator's replay of the chosen level, the row's prediction."""
+    simulator's replay of the chosen level, the row's prediction, and ``ours`` that schedule
+    executed by our executor in the same run."""
 
     policy: str
     level: int = -1
@@ -48,6 +49,7 @@ class PolicyRun:
     compile_time_s: float | None = None  # compiled policies: the chosen level's first step
     grad_check: GradCheck | None = None  # compiled policies check their own gradients
     sim: Simulation | None = None  # the chosen level as a schedule of ours, replayed
+    ours: Any = None  # that schedule run by our executor (an ExecutionResult), beside PyTorch's
 
     @property
     def smallest_peak(self) -> tuple[str, int] | None:
@@ -241,6 +243,9 @@ class RunRow:
     solve_time_s: float | None = None
     build_time_s: float | None = None
     compile_time_s: float | None = None  # a compiled policy's first step (torch.compile)
+    # a policy translated into a schedule of ours, run by our executor (PolicyRun.ours)
+    ours_time_s: float | None = None
+    ours_peak_bytes: int | None = None
     gap: float | None = None
     n_recomputes: int | None = None
     grads_match: bool | None = None
@@ -267,6 +272,10 @@ class RunRow:
             "solve_time_s": self.solve_time_s,
             "build_time_s": self.build_time_s,
             "compile_time_s": self.compile_time_s,
+            "ours_measured_time_ms": _ms(self.ours_time_s),
+            "ours_measured_peak_mib": None
+            if self.ours_peak_bytes is None
+            else self.ours_peak_bytes / MIB,
             "gap": self.gap,
             "n_recomputes": self.n_recomputes,
             "grads_match": None if self.grads_match is None else float(self.grads_match),
