@@ -298,7 +298,7 @@ def _measure(captured: CapturedModel, device: str, rewrite: Rewrite | None) -> t
 
 def _first_fitting(
     levels: Sequence[tuple[str, Rewrite | None]],
-    peak_of: Callable[[Rewrite | None], int],
+    peak_of: Callable[[int], int],
     budget_bytes: int,
     bisect: bool,
 ) -> tuple[int | None, list[tuple[str, int]]]:
@@ -311,7 +311,7 @@ def _first_fitting(
 
     def fits(i: int) -> bool:
         if i not in peaks:
-            peaks[i] = peak_of(levels[i][1])
+            peaks[i] = peak_of(i)
             tried.append((levels[i][0], peaks[i]))
             log.info("%s: measured peak %s", levels[i][0], format_bytes(peaks[i]))
         return peaks[i] <= budget_bytes
@@ -360,9 +360,9 @@ def _run_policy(
     net_key = (name, captured.meta.get("graph_sha"), tuple(captured.example_input.shape), device)
     first_s: dict[int, float] = {}
 
-    def peak_of(rewrite: Rewrite | None) -> int:
-        level = next(i for i, (_, r) in enumerate(levels) if r is rewrite)
-        key = (*net_key, levels[level][0])
+    def peak_of(level: int) -> int:
+        what, rewrite = levels[level]
+        key = (*net_key, what)
         if compiles and key in _MEASURED:
             peak, first_s[level] = _MEASURED[key]
             return peak
@@ -392,8 +392,7 @@ def _run_policy(
     res.pytorch = PolicyRun(what, chosen, tried, ex)
     res.message = what
     if translate is not None:
-        with start:
-            sched = translate(chosen)
+        sched = translate(chosen)
         res.pytorch.sim = simulate(inst, sched)
         with start:
             res.pytorch.ours = execute(captured, inst, sched, n_steps, warmup)
@@ -441,7 +440,10 @@ def checkpoint_sets(captured: CapturedModel) -> list[list[str]]:
 def checkpoint_levels(captured: CapturedModel) -> list[tuple[str, Rewrite | None]]:
     """``torch_checkpoint``'s levels: no checkpoint, then ``torch.utils.checkpoint`` around
     each of :func:`checkpoint_sets`."""
-    sets = checkpoint_sets(captured)
+    return _checkpoint_levels_of(checkpoint_sets(captured))
+
+
+def _checkpoint_levels_of(sets: list[list[str]]) -> list[tuple[str, Rewrite | None]]:
     levels: list[tuple[str, Rewrite | None]] = [("no checkpoint", None)]
     for ck in sets[1:]:
         what = f"checkpoint {len(ck)} of {len(sets) - 1} blocks: {_names(ck)}"
@@ -450,11 +452,10 @@ def checkpoint_levels(captured: CapturedModel) -> list[tuple[str, Rewrite | None
 
 
 def block_nodes(captured: CapturedModel, paths: Sequence[str]) -> list[list[int]]:
-    """The forward nodes of each block of ``paths``: from the first to the last op whose
-    module is the block or inside it. A block's ops run one after the other, so a function
-    between them (a residual addition) is the block's too; one after its last module (the
-    decoder's second residual addition) is counted outside it, where it keeps its output as
-    the next block's input does."""
+    """The forward nodes of each block of ``paths``: from the first op whose module is the
+    block or inside it to the last, and the function calls right after it. A block's ops run
+    one after the other, so a function between them or after its last module (a residual
+    addition, the decoder's second one) is the block's too."""
     out = []
     for path in paths:
         idx = [
@@ -508,14 +509,20 @@ def solve_torch_checkpoint(
     saving the most bytes first (:func:`checkpoint_levels`); bisection over the number of
     blocks, from none (a plain step) to all of them."""
 
+    sets: list[list[str]] = []  # the levels' block sets, for the translation
+
+    def make_levels(cap: CapturedModel) -> list[tuple[str, Rewrite | None]]:
+        sets.extend(checkpoint_sets(cap))
+        return _checkpoint_levels_of(sets)
+
     def translate(level: int) -> Schedule:
-        return checkpoint_schedule(captured, inst, checkpoint_sets(captured)[level])
+        return checkpoint_schedule(captured, inst, sets[level])
 
     return _run_policy(
         "torch_checkpoint",
         inst,
         captured,
-        checkpoint_levels,
+        make_levels,
         True,
         n_steps,
         warmup,

@@ -246,7 +246,7 @@ def _ours_beside(
 ) -> list[str]:
     """A policy translated into a schedule of ours (``PolicyRun.ours``): its time and peak
     under our executor on the row, and what is wrong with that run (its loss or gradients,
-    its peak against the prediction)."""
+    its measured peak over the budget)."""
     ours = res.pytorch.ours if res.pytorch is not None else None
     if ours is None:
         return []
