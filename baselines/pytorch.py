@@ -9,13 +9,15 @@ measured like every row (docs/design.md section 6, "PyTorch's own baselines").
   of convolutions, matrix products and attention and recomputes everything else; when that
   does not fit, only every s-th of those outputs in each block (s = 2, 3, ...), down to none.
 
-Neither is a schedule of ours: each searches levels of its policy from the least recomputation
+PyTorch runs both itself: each searches levels of its policy from the least recomputation
 up, measuring each level's peak in one profiled step (the allocator's peak above the step's
 start, as every row's), and times the first level that fits like a plain step (``n_steps``
 after ``warmup``). The result carries a :class:`~xengine.result.PolicyRun` (the level chosen,
 every level's measured peak, the execution); its loss and gradients are checked against a
 plain step's like any executed schedule. A policy that fits nowhere is ``infeasible`` with the
-smallest peak it reached.
+smallest peak it reached. The chosen level is also translated into a schedule of ours
+(:mod:`baselines.translate`): the simulator's replay is the row's prediction, and our
+executor runs it beside PyTorch's.
 
 A block's batch norm runs twice in training when recomputed, so its running statistics move
 twice per step (as with ``torch.utils.checkpoint`` in any training loop); loss and gradients
@@ -39,7 +41,12 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
-from xengine.checkpoints import block_checkpoint_matrix, solve_r_opt
+from baselines.translate import (
+    Untranslatable,
+    checkpoint_schedule,
+    node_ops,
+    sac_schedule,
+)
 from xengine.execute.executor import (
     ExecutionResult,
     PlainStep,
@@ -392,10 +399,15 @@ def _run_policy(
     res.pytorch = PolicyRun(what, chosen, tried, ex)
     res.message = what
     if translate is not None:
-        sched = translate(chosen)
-        res.pytorch.sim = simulate(inst, sched)
-        with start:
-            res.pytorch.ours = execute(captured, inst, sched, n_steps, warmup)
+        try:
+            sched = translate(chosen)
+        except Untranslatable as exc:
+            res.pytorch.untranslated = str(exc)
+            log.info("%s: %s is not translated into a schedule of ours: %s", name, what, exc)
+        else:
+            res.pytorch.sim = simulate(inst, sched)
+            with start:
+                res.pytorch.ours = execute(captured, inst, sched, n_steps, warmup)
     if compiles:
         res.pytorch.compile_time_s = first_s[chosen]
         key = (*net_key, what)
@@ -451,37 +463,6 @@ def _checkpoint_levels_of(sets: list[list[str]]) -> list[tuple[str, Rewrite | No
     return levels
 
 
-def block_nodes(captured: CapturedModel, paths: Sequence[str]) -> list[list[int]]:
-    """The forward nodes of each block of ``paths``: from the first op whose module is the
-    block or inside it to the last, and the function calls right after it. A block's ops run
-    one after the other, so a function between them or after its last module (a residual
-    addition, the decoder's second one) is the block's too."""
-    out = []
-    for path in paths:
-        idx = [
-            op.index
-            for op in captured.ops
-            if op.module_path is not None
-            and (op.module_path == path or op.module_path.startswith(path + "."))
-        ]
-        if not idx:
-            raise ValueError(f"block {path!r} has no op in the captured graph")
-        last = max(idx)
-        while last + 1 < len(captured.ops) and captured.ops[last + 1].module_path is None:
-            last += 1  # the function calls after its last module: a residual addition
-        out.append(list(range(min(idx), last + 1)))
-    return out
-
-
-def checkpoint_schedule(captured: CapturedModel, inst: Instance, paths: Sequence[str]) -> Schedule:
-    """``torch.utils.checkpoint`` around ``paths`` as a schedule of ours
-    (:func:`xengine.checkpoints.block_checkpoint_matrix`, ``R`` from
-    :func:`xengine.checkpoints.solve_r_opt`), so that the simulator predicts what PyTorch
-    measures."""
-    S, S_state = block_checkpoint_matrix(inst.graph, block_nodes(captured, paths))
-    return solve_r_opt(inst.graph, S, inst.devices[0], S_state=S_state)
-
-
 def sac_levels(captured: CapturedModel) -> list[tuple[str, Rewrite | None]]:
     """``torch_sac``'s levels: no checkpoint, then selective checkpointing on every block
     (:func:`sac_context`) saving the outputs of every expensive op, one in 2, one in 3, ...,
@@ -534,8 +515,19 @@ def solve_torch_sac(
     inst: Instance, captured: CapturedModel, n_steps: int = 5, warmup: int = 1
 ) -> StrategyResult:
     """Selective checkpointing on every block (:func:`sac_levels`): the first level that
-    fits, one level after the other from no checkpoint at all."""
-    return _run_policy("torch_sac", inst, captured, sac_levels, False, n_steps, warmup)
+    fits, one level after the other from no checkpoint at all. Level k >= 1 saves every
+    k-th saved op's output; translated into a schedule of ours where every node is on one
+    side of the policy (:func:`baselines.translate.sac_schedule`)."""
+
+    def translate(level: int) -> Schedule:
+        if level == 0:
+            return checkpoint_schedule(captured, inst, [])
+        blocks = find_blocks(captured.module)
+        return sac_schedule(captured, inst, blocks, node_ops(captured, saved_ops()), level)
+
+    return _run_policy(
+        "torch_sac", inst, captured, sac_levels, False, n_steps, warmup, translate=translate
+    )
 
 
 def solve_torch_budget(

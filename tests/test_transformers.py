@@ -334,3 +334,24 @@ def test_the_readme_example_runs(capsys):
     exec(compile(code, "README.md", "exec"), {})  # noqa: S102
     status, *_ = capsys.readouterr().out.split()
     assert status in ("optimal", "feasible")
+
+
+def test_the_decoder_at_function_granularity_has_its_attention_traced_through():
+    """``net.granularity=function``: the decoder's attention is its projections, a fused
+    attention and a reshape (each an op); an unknown granularity is one line."""
+    from xengine.config import ConfigError, RunConfig
+
+    by_module = capture_net("gpt2_small", 2, image_size=16, measure_workspace=False)
+    by_function = capture_net(
+        "gpt2_small", 2, image_size=16, measure_workspace=False, granularity="function"
+    )
+    names = [s.name for s in by_function.ops]
+    assert sum(n.startswith("scaled_dot_product_attention") for n in names) == 4
+    assert not any(
+        n.startswith("scaled_dot_product_attention") for n in (s.name for s in by_module.ops)
+    )
+    assert by_function.graph.meta["granularity"] == "function"
+    with pytest.raises(GraphError, match="granularity must be one of"):
+        capture_net("gpt2_small", 2, image_size=16, granularity="aten")
+    with pytest.raises(ConfigError, match="net.granularity='aten' is not one of"):
+        RunConfig(granularity="aten").validate()

@@ -191,10 +191,12 @@ def schedule_from_checkpoints(graph: Graph, keep: Iterable[int], device: int | s
 
 
 def block_checkpoint_matrix(
-    graph: Graph, blocks: Sequence[Sequence[int]]
+    graph: Graph, blocks: Sequence[Sequence[int]], kept: Iterable[int] = ()
 ) -> tuple[np.ndarray, np.ndarray]:
     """The (T, n) value and state residency of ``torch.utils.checkpoint`` around ``blocks``
-    (each a list of forward nodes, one block's ops): what PyTorch keeps.
+    (each a list of forward nodes, one block's ops): what PyTorch keeps. ``kept``: block
+    nodes whose outputs selective checkpointing saves (``create_selective_checkpoint_contexts``
+    with ``MUST_SAVE``).
 
     Values:
 
@@ -216,6 +218,11 @@ def block_checkpoint_matrix(
     from the forward pass: we never compute a resident value again. :func:`solve_r_opt` then
     recomputes, in that first stage, exactly the ops whose values or states the block's
     backward needs.
+
+    A ``kept`` node is resident, with its state, from its computation on: selective
+    checkpointing holds its outputs from the forward pass to the block's recomputation, which
+    takes them instead of running the op again (:func:`_recomputed_before_stop`). It is
+    therefore never made again.
     """
     n = graph.size
     inside = np.zeros(n, dtype=bool)
@@ -230,11 +237,18 @@ def block_checkpoint_matrix(
     for i in np.flatnonzero((reader >= 0) & ~inside):
         A[i + 1 : reader[i] + 1, i] = True
     fwd_of = [graph.nodes[v].fwd_index for v in range(n)]
+    kept = {int(k) for k in kept}
+    stray = sorted(kept - set().union(*members))
+    if stray:
+        raise ValueError(f"kept nodes {stray} are in no block")
     for m in members:
         back = [v for v in range(n) if graph.nodes[v].kind == "bwd" and fwd_of[v] in m]
         if not back:
             continue
         first = min(back)
+        popped = _recomputed_before_stop(graph, m, back)
+        for i in m & kept:  # held by the policy up to the recomputation, or to its end
+            S[i + 1 : (first if popped(i) else max(back)) + 1, i] = True
         for i in m:
             outside = [v for v in graph.successors[i] if v not in m and fwd_of[v] not in m]
             if outside:
@@ -245,6 +259,28 @@ def block_checkpoint_matrix(
             if reader[i] >= 0:  # a value kept through the block (its output) is not made again
                 A[(i if S[first, i] else first) + 1 : reader[i] + 1, i] = True
     return S, A
+
+
+def _recomputed_before_stop(graph: Graph, block: set[int], back: list[int]):
+    """Whether the recomputation of ``block`` reaches node ``i``: a predicate. PyTorch's
+    checkpoint stops recomputing once the block's backward has every tensor it saves
+    (``torch.utils.checkpoint.set_checkpoint_early_stop``, on by default); an op saves its
+    inputs before it runs and its output after. A node that selective checkpointing saved
+    leaves the policy's cache when the recomputation reaches it; one that it never reaches
+    stays cached until the block's backward ends (its last backward stage)."""
+    twin = {graph.nodes[v].fwd_index: v for v in back}
+    state = graph.state_bytes > 0
+
+    def saves(j: int, own: bool) -> bool:
+        if j not in twin:
+            return False
+        ins = graph.predecessors[twin[j]]
+        if own:
+            return j in ins or bool(state[j])
+        return any(graph.nodes[u].kind == "fwd" for u in ins) or bool(state[j])
+
+    last = max((j for j in block if saves(j, False)), default=-1)
+    return lambda i: i < last or (i == last and saves(i, True))
 
 
 def articulation_points(graph: Graph) -> list[int]:

@@ -409,6 +409,7 @@ def run_config_from(cfg: DictConfig) -> RunConfig:
         batch_size=_get(cfg, "net.batch_size", int),
         image_size=_get(cfg, "net.image_size", int),
         num_classes=_get(cfg, "net.num_classes", int, default=1000),
+        granularity=_get(cfg, "net.granularity", str, default="module"),
         mode=_get(cfg, "mode", str),
         graph_path=_get(cfg, "graph", str, optional=True),
         devices=devices_of(cfg),

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from xengine.graph.types import GRANULARITIES
 from xengine.solvers import SOLVERS, SolverOptions, SolverUnavailable, describe_solvers
 from xengine.strategies.registry import (
     DEFAULT_STRATEGIES,
@@ -54,6 +55,7 @@ class RunConfig:
     batch_size: int = 4
     image_size: int = 224
     num_classes: int = 1000
+    granularity: str = "module"  # module | function (xengine.graph.capture.GRANULARITIES)
     mode: str = "train"
     graph_path: str | None = None
     devices: tuple[str, ...] = ("cpu",)
@@ -171,6 +173,10 @@ class RunConfig:
         """Cheap checks of every value; returns the parsed budgets."""
         if self.mode not in MODES:
             raise ConfigError(f"mode={self.mode!r} is not one of {', '.join(MODES)}")
+        if self.granularity not in GRANULARITIES:
+            raise ConfigError(
+                f"net.granularity={self.granularity!r} is not one of {', '.join(GRANULARITIES)}"
+            )
         if self.malloc not in MALLOCS:
             raise ConfigError(f"malloc={self.malloc!r} is not one of {', '.join(MALLOCS)}")
         if not self.devices or any(not d for d in self.devices):

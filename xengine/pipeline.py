@@ -249,6 +249,9 @@ def _ours_beside(
     its measured peak over the budget)."""
     ours = res.pytorch.ours if res.pytorch is not None else None
     if ours is None:
+        if res.pytorch is not None and res.pytorch.untranslated:
+            why = f"no schedule of ours: {res.pytorch.untranslated}"
+            row.note = "; ".join(filter(None, (row.note, why)))
         return []
     device = row.devices[0]
     row.ours_time_s, row.ours_peak_bytes = float(ours.step_time_s), int(ours.peak_bytes[device])

@@ -122,6 +122,7 @@ def prepare(cfg: RunConfig) -> Prepared:
             image_size=cfg.image_size,
             num_classes=cfg.num_classes,
             seed=cfg.seed,
+            granularity=cfg.granularity,
         )
         graph = captured.graph
         if profile is not None:

@@ -46,7 +46,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from xengine.graph.types import Edge, Graph, GraphError, InternalError, Node
+from xengine.graph.types import GRANULARITIES, Edge, Graph, GraphError, InternalError, Node
 from xengine.torch_state import TorchState
 
 log = logging.getLogger(__name__)
@@ -1164,6 +1164,7 @@ def trace_net(
     image_size: int | None = None,
     num_classes: int | None = None,
     seed: int = 0,
+    granularity: str = "module",
 ) -> CapturedModel:
     """Capture a named network with seeded random weights (nothing is downloaded).
 
@@ -1173,11 +1174,13 @@ def trace_net(
     A token net (:data:`TOKEN_NETS`, ``gpt2_small``: :class:`xengine.graph.nets.GPTDecoder`)
     reads ``batch_size`` sequences of ``image_size`` token ids (default 64) from a vocabulary
     of ``num_classes`` (default 512), learns the next token at every position, and has its
-    attention blocks as single ops.
+    attention blocks as single ops unless ``granularity="function"`` (:data:`GRANULARITIES`).
     Workspaces are the parameter gradients, as in :func:`capture`;
     ``xengine.profile.workspace.capture_net`` measures them too.
     """
     check_net_name(net)
+    if granularity not in GRANULARITIES:
+        raise GraphError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
     if batch_size < 1:
         raise GraphError(f"batch size must be at least 1, got {batch_size}")
     token = net in TOKEN_NETS
@@ -1204,10 +1207,13 @@ def trace_net(
     if token:
         from xengine.graph.nets import CausalSelfAttention, token_cross_entropy
 
-        kwargs = {"loss_fn": token_cross_entropy, "leaf_modules": (CausalSelfAttention,)}
+        leaves = (CausalSelfAttention,) if granularity == "module" else ()
+        kwargs = {"loss_fn": token_cross_entropy, "leaf_modules": leaves}
     cap = trace(module, x, target, mode=mode, name=net, **kwargs)
     for w in caught:
         log.warning("%s (building %s): %s", w.category.__name__, net, w.message)
-    cap.graph = replace(cap.graph, meta={**cap.graph.meta, "seed": seed})
+    cap.graph = replace(
+        cap.graph, meta={**cap.graph.meta, "seed": seed, "granularity": granularity}
+    )
     cap.meta = dict(cap.graph.meta)
     return cap

@@ -31,6 +31,14 @@ from typing import Any
 
 import numpy as np
 
+GRANULARITIES = ("module", "function")
+"""What one node of a named net is: ``module``, a leaf module of torch.nn or one of our own
+(the decoder's attention) or a tensor function; ``function``, the same except that our own
+modules are traced through (the decoder's attention becomes its projections,
+``scaled_dot_product_attention`` and a reshape). torchvision's nets have no modules of their
+own that are leaves, so for them the two are the same graph."""
+
+
 NODE_KINDS = ("fwd", "loss", "bwd")
 EDGE_KINDS = ("value", "state")
 

@@ -68,12 +68,19 @@ def capture_net(
     num_classes: int | None = None,
     seed: int = 0,
     measure_workspace: bool = True,
+    granularity: str = "module",
 ) -> CapturedModel:
     """:func:`xengine.graph.capture.trace_net` (a named net with seeded random weights),
     then (``measure_workspace``, the default) each node's workspace measured on the CPU
     allocator (:func:`fill_workspaces`)."""
     cap = graph_capture.trace_net(
-        net, batch_size, mode=mode, image_size=image_size, num_classes=num_classes, seed=seed
+        net,
+        batch_size,
+        mode=mode,
+        image_size=image_size,
+        num_classes=num_classes,
+        seed=seed,
+        granularity=granularity,
     )
     return fill_workspaces(cap) if measure_workspace else cap
 
