@@ -28,7 +28,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from xengine.checkpoints import block_checkpoint_matrix, solve_r_opt
+from xengine.checkpoints import block_checkpoint_matrix, solve_block_r
 from xengine.graph.capture import CapturedModel, fixed_storage_ptrs, storage_ptr
 from xengine.problem import Instance
 from xengine.schedule import Schedule
@@ -67,10 +67,10 @@ def checkpoint_schedule(
 ) -> Schedule:
     """``torch.utils.checkpoint`` around ``paths`` as a schedule of ours
     (:func:`xengine.checkpoints.block_checkpoint_matrix`, ``R`` from
-    :func:`xengine.checkpoints.solve_r_opt`), so that the simulator predicts what PyTorch
+    :func:`xengine.checkpoints.solve_block_r`), so that the simulator predicts what PyTorch
     measures; ``kept``: block nodes whose outputs a selective policy saves."""
     S, S_state = block_checkpoint_matrix(inst.graph, block_nodes(captured, paths), kept)
-    return solve_r_opt(inst.graph, S, inst.devices[0], S_state=S_state)
+    return solve_block_r(inst.graph, S, S_state, inst.devices[0])
 
 
 # ------------------------------------------------------------------------------ selective

@@ -270,7 +270,8 @@ def test_checkpointed_blocks_as_our_schedule_predict_pytorchs_peak(net):
     """Issue 29's item 5: ``torch.utils.checkpoint`` around k blocks, translated into a
     schedule of ours (:func:`checkpoint_schedule`), has the simulated peak that PyTorch
     measures for it within 1 %, at the first, middle and last level of ``torch_checkpoint``."""
-    from baselines.pytorch import checkpoint_schedule, checkpoint_sets
+    from baselines.pytorch import checkpoint_sets
+    from baselines.translate import checkpoint_schedule
     from xengine.simulate import simulate
 
     cap = resnet18_128() if net == "resnet18" else decoder()
@@ -282,6 +283,28 @@ def test_checkpointed_blocks_as_our_schedule_predict_pytorchs_peak(net):
         measured = measured_peak_bytes(cap, "cpu", levels[k][1])
         predicted = int(simulate(inst, checkpoint_schedule(cap, inst, sets[k])).peak_bytes[0])
         assert abs(predicted - measured) <= 0.01 * measured, (k, predicted, measured)
+
+
+def test_a_dense_blocks_inputs_stay_for_its_recomputation():
+    """DenseNet's blocks read their input only through concatenations, which save nothing:
+    the checkpoint still holds it for the recomputation. Every ``torch_checkpoint`` level of
+    densenet121 (b1, 64 px) replays as a schedule of ours (it was refused: the input was
+    computed again while its max-pool state was kept) and predicts PyTorch's peak within 2 %
+    (over by up to 1.5 % at the levels of one and two blocks; not yet explained)."""
+    from baselines.pytorch import checkpoint_sets
+    from baselines.translate import checkpoint_schedule
+    from xengine.simulate import simulate
+
+    cap = capture_net("densenet121", 1, image_size=64, num_classes=10)
+    inst = _inst(cap, 2**40)
+    sets, levels = checkpoint_sets(cap), checkpoint_levels(cap)
+    rng_bytes = torch.get_rng_state().numel()
+    for k in range(len(sets)):
+        torch.manual_seed(0)
+        measured = measured_peak_bytes(cap, "cpu", levels[k][1])
+        sched = checkpoint_schedule(cap, inst, sets[k])
+        predicted = int(simulate(inst, sched).peak_bytes[0]) + rng_bytes * len(sets[k])
+        assert abs(predicted - measured) <= 0.02 * measured, (k, predicted, measured)
 
 
 @functools.cache

@@ -201,13 +201,16 @@ def block_checkpoint_matrix(
     Values:
 
     * a node outside every block, and a block's input (a value that a block reads from
-      outside it: the checkpoint saves it), is a checkpoint (:func:`checkpoint_matrix`);
+      outside it: the checkpoint saves it), is a checkpoint (:func:`checkpoint_matrix`); a
+      block's input stays at least until the last backward op of the block that reads a
+      saved tensor (the checkpoint holds it for the recomputation);
     * a block's node is resident from its computation up to its last reader outside the
       block (a later op that saved it, forward or backward), and up to its last forward
       reader, as in the forward pass;
-    * when the backward pass reaches the block (the first stage of one of its backward
-      ops), the block runs again, and each of its nodes that a backward op of the block
-      reads stays resident up to that reader's stage.
+    * when the backward pass first needs a saved tensor of the block (the first stage of
+      one of its backward ops that reads a forward value or a state), the block runs again,
+      and each of its nodes that a backward op of the block reads stays resident up to that
+      reader's stage.
 
     States (what an op saves for its own backward: masks, statistics): an op outside the
     blocks keeps its state from its computation to its backward op; a block's op only from
@@ -245,7 +248,15 @@ def block_checkpoint_matrix(
         back = [v for v in range(n) if graph.nodes[v].kind == "bwd" and fwd_of[v] in m]
         if not back:
             continue
-        first = min(back)
+        # the block runs again when its backward first unpacks a saved tensor
+        reads = [v for v in back if _reads_forward(graph, v)]
+        first = min(reads) if reads else min(back)
+        # the checkpoint holds the block's inputs until the block's backward is done with its
+        # saved tensors, also those read only by ops that save nothing (DenseNet's concats)
+        done = max(reads) if reads else max(back)
+        for u in {u for v in m for u in graph.predecessors[v] if u not in m}:
+            if graph.nodes[u].kind == "fwd":
+                S[u + 1 : done + 1, u] = True
         popped = _recomputed_before_stop(graph, m, back)
         for i in m & kept:  # held by the policy up to the recomputation, or to its end
             S[i + 1 : (first if popped(i) else max(back)) + 1, i] = True
@@ -259,6 +270,37 @@ def block_checkpoint_matrix(
             if reader[i] >= 0:  # a value kept through the block (its output) is not made again
                 A[(i if S[first, i] else first) + 1 : reader[i] + 1, i] = True
     return S, A
+
+
+def solve_block_r(graph: Graph, S: np.ndarray, S_state: np.ndarray, device: int | str = 0):
+    """:func:`solve_r_opt` for a block checkpoint's residency
+    (:func:`block_checkpoint_matrix`), without the recomputations that only make an empty
+    state. A linear layer's backward reads its input and weight, nothing of its own; PyTorch's
+    recomputation stops before such an op runs when nothing after it is needed, but an op of
+    ours whose state is not resident is computed to make it. So every empty state is first
+    kept from the forward pass; where the op is computed again anyway (its value is needed),
+    its state is the one made by its last computation before its backward."""
+    A = np.array(S_state, dtype=bool)
+    reader = graph.state_reader
+    empty = np.flatnonzero((graph.state_bytes == 0) & (reader >= 0))
+    for i in empty:
+        A[i + 1 : reader[i] + 1, i] = True
+    R = solve_r_opt(graph, S, device, S_state=A).R[0]
+    for i in empty:
+        again = [t for t in np.flatnonzero(R[:, i]) if i < t <= reader[i]]
+        if again:
+            A[:, i] = False
+            A[again[-1] + 1 : reader[i] + 1, i] = True
+    return solve_r_opt(graph, S, device, S_state=A)
+
+
+def _reads_forward(graph: Graph, v: int) -> bool:
+    """Whether backward node ``v`` reads a forward value or a state (autograd unpacks a saved
+    tensor for it)."""
+    src = int(graph.state_source[v])
+    if src >= 0 and graph.nodes[src].state_bytes > 0:
+        return True
+    return any(graph.nodes[u].kind == "fwd" for u in graph.predecessors[v])
 
 
 def _recomputed_before_stop(graph: Graph, block: set[int], back: list[int]):
