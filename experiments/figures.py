@@ -16,6 +16,9 @@ Each figure is written as ``<out>/<name>.png`` with its data beside it as ``<out
 * ``solver_scaling``: solve time against graph size (nodes), per solver and strategy.
 * ``predicted_vs_measured``: predicted against measured step time and peak memory, one point
   per executed schedule (per device for several devices), with the y = x line.
+* ``max_batch``: Checkmate's figure from ``task=max_batch`` runs: the largest batch per
+  strategy per net and budget, with its ratio to plain PyTorch's (hatched: a solver stopped
+  without an answer above it, so it is the largest *shown* to fit).
 * ``frontier``: measured peak against measured step time (as a multiple of the plain step
   measured in the same run), one panel per net (one device): Checkmate's schedules at every
   budget as a line, the heuristics, PyTorch's own checkpointing and the plain step; beside it
@@ -1019,6 +1022,82 @@ def frontier(runs: list[RunRecord], out: Path) -> Outcome:
     return outcome
 
 
+# ------------------------------------------------------------------------------ max batch
+def max_batch_points(runs: list[RunRecord]) -> pd.DataFrame:
+    """Per ``task=max_batch`` run (``<strategy>/largest_batch`` metrics) and strategy: the
+    largest batch, its ratio to plain PyTorch's, whether it is proven, the peaks at it."""
+    rows = []
+    for r in runs:
+        plain = r.metric("pytorch", "largest_batch")
+        if plain is None:
+            continue
+        budget = r.metrics.get("graph/budget_mib")
+        for label in r.labels:
+            largest = r.metric(label, "largest_batch")
+            if largest is None:
+                continue
+            net = r.params.get("net.name", "?")
+            size = r.params.get("net.image_size", "?")
+            rows.append(
+                {
+                    "net": f"{net} {size}px, {budget:.0f} MiB" if budget else net,
+                    "strategy": label,
+                    "largest_batch": int(largest),
+                    "over_plain": largest / plain if plain else None,
+                    "proven": r.tags.get(f"xe.proven.{label}", "true") == "true",
+                    "measured_peak_mib": r.metric(label, "measured_peak_mib"),
+                    "predicted_peak_mib": r.metric(label, "predicted_peak_mib"),
+                    "budget_mib": budget,
+                    "wrong": bool(r.tags.get(f"xe.wrong.{label}")),
+                    "run_id": r.run_id,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def max_batch(runs: list[RunRecord], out: Path) -> Outcome:
+    """Checkmate's figure: the largest batch per strategy per net (bars), labelled with its
+    ratio to plain PyTorch's; an unproven answer (a solver stopped) is hatched, a wrong one
+    (gradients) outlined only. The newest run per net and budget."""
+    name = "max_batch"
+    points = max_batch_points(runs_for(runs, "max_batch"))
+    if points.empty:
+        return _skip(name, "no task=max_batch run in the records")
+    points = points.groupby(["net", "strategy"], sort=False).tail(1)  # newest per net
+    nets = list(dict.fromkeys(points["net"]))
+    strategies = sorted(points["strategy"].unique(), key=_label_order)
+    fig, ax = plt.subplots(figsize=(max(6.0, 2.2 * len(nets) * len(strategies) / 3), 4.2))
+    width = 0.8 / len(strategies)
+    for k, strategy in enumerate(strategies):
+        for j, net in enumerate(nets):
+            p = points[(points["net"] == net) & (points["strategy"] == strategy)]
+            if p.empty:
+                continue
+            p = p.iloc[0]
+            x = j + (k - (len(strategies) - 1) / 2) * width
+            color = "black" if strategy == "pytorch" else _style(strategy, ())["color"]
+            kw = {"color": color, "edgecolor": color}
+            if not p["proven"]:
+                kw.update(hatch="//", alpha=0.6)
+            if p["wrong"]:
+                kw.update(fill=False)
+            ax.bar(x, p["largest_batch"], width, label=strategy if j == 0 else None, **kw)
+            ax.annotate(
+                f"{p['over_plain']:.2g}x",
+                (x, p["largest_batch"]),
+                ha="center",
+                va="bottom",
+                fontsize=7,
+            )
+    ax.set_xticks(range(len(nets)), nets, fontsize=8)
+    ax.set_ylabel("largest batch that fits")
+    ax.set_title("Largest batch within the budget, per strategy (x: over plain PyTorch's)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    return Outcome(name, _save(fig, points, out, name))
+
+
 # ------------------------------------------------------------------------------ main
 FIGURES: dict[str, Callable[..., Outcome]] = {
     "runtime_bars": runtime_bars,
@@ -1027,6 +1106,7 @@ FIGURES: dict[str, Callable[..., Outcome]] = {
     "solver_scaling": solver_scaling,
     "predicted_vs_measured": predicted_vs_measured,
     "frontier": frontier,
+    "max_batch": max_batch,
 }
 
 
@@ -1045,7 +1125,10 @@ def make_figures(
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
     client = MlflowClient(tracking_uri=uri)
-    runs = load_runs(client, experiment, filter_string)
+    loaded = load_runs(client, experiment, filter_string)
+    # task=max_batch runs answer another question: only their own figure reads them
+    batch_runs = [r for r in loaded if r.tags.get("xe.kind") == "max_batch"]
+    runs = [r for r in loaded if r.tags.get("xe.kind") != "max_batch"]
     outcomes = []
     for key, fn in FIGURES.items():
         if only and key not in only:
@@ -1053,6 +1136,8 @@ def make_figures(
         try:
             if key == "memory":
                 outcomes.append(fn(runs, out, client, max_memory_runs, recapture))
+            elif key == "max_batch":
+                outcomes.append(fn(batch_runs, out))
             else:
                 outcomes.append(fn(runs, out))
         except Exception as exc:  # one broken figure must not cost the others

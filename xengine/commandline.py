@@ -439,6 +439,8 @@ def run_config_from(cfg: DictConfig) -> RunConfig:
         seed=_get(cfg, "seed", int),
         grad_rtol=_get(cfg, "grad_rtol", float),
         grad_atol=_get(cfg, "grad_atol", float),
+        task=_get(cfg, "task", str, default="run"),
+        batch_limit=_get(cfg, "batch_limit", int, default=1024),
     )
 
 

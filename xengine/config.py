@@ -26,6 +26,9 @@ from xengine.strategies.registry import (
 from xengine.units import MemorySpec, MemorySpecError, parse_memory
 
 MODES = ("train", "infer")
+TASKS = ("run", "max_batch")
+"""What ``run.py`` does: solve and execute at ``net.batch_size`` (``run``), or find each
+strategy's largest batch that fits the budget (``max_batch``, :mod:`xengine.max_batch`)."""
 MALLOCS = ("steady", "system")
 """``malloc=``: glibc's thresholds fixed before the run times anything (``steady``, the
 default, :func:`xengine.execute.allocator.steady_malloc`) or glibc as it is (``system``)."""
@@ -83,6 +86,32 @@ class RunConfig:
     seed: int = 0
     grad_rtol: float = 1e-4
     grad_atol: float = 1e-6
+    task: str = "run"  # run | max_batch (TASKS)
+    batch_limit: int = 1024  # task=max_batch: the largest batch tried
+
+    def _check_max_batch(self, specs: tuple[MemorySpec, ...], in_pytorch: list[str]) -> None:
+        """``task=max_batch`` captures the net at each batch and compares schedules on one
+        device under one absolute budget."""
+        if self.solve_only:
+            raise ConfigError(
+                "task=max_batch captures the net at each batch: give net=, not graph="
+            )
+        if len(self.devices) != 1:
+            raise ConfigError(
+                f"task=max_batch runs on one device; devices={'+'.join(self.devices)} has "
+                f"{len(self.devices)}: pick one (devices=cpu)"
+            )
+        if specs[0].bytes is None:
+            raise ConfigError(
+                f"task=max_batch needs an absolute budget (mem=2GB), not mem={specs[0].text}: "
+                "a percentage is of one batch's keep-everything peak"
+            )
+        if in_pytorch:
+            raise ConfigError(
+                f"task=max_batch searches our schedules and plain PyTorch; "
+                f"{', '.join(in_pytorch)} measure every level of their own and are not "
+                "searched: leave them out of strategy="
+            )
 
     @property
     def settings(self) -> SolveSettings:
@@ -173,6 +202,8 @@ class RunConfig:
         """Cheap checks of every value; returns the parsed budgets."""
         if self.mode not in MODES:
             raise ConfigError(f"mode={self.mode!r} is not one of {', '.join(MODES)}")
+        if self.task not in TASKS:
+            raise ConfigError(f"task={self.task!r} is not one of {', '.join(TASKS)}")
         if self.granularity not in GRANULARITIES:
             raise ConfigError(
                 f"net.granularity={self.granularity!r} is not one of {', '.join(GRANULARITIES)}"
@@ -199,6 +230,8 @@ class RunConfig:
         if len(set(self.strategies)) != len(self.strategies):
             raise ConfigError(f"strategy={','.join(self.strategies)} names a strategy twice")
         in_pytorch = [s for s in self.strategies if STRATEGIES[s].runs_in_pytorch]
+        if self.task == "max_batch":
+            self._check_max_batch(specs, in_pytorch)
         if in_pytorch and not self.executes:
             why = "graph= has no net" if self.solve_only else f"execute={self.execute}"
             if self.mode != "train":
@@ -248,6 +281,7 @@ class RunConfig:
             ("profile.repeats", self.profile_repeats, 1),
             ("profile.warmup", self.profile_warmup, 0),
             ("profile.context_rounds", self.context_rounds, 0),
+            ("batch_limit", self.batch_limit, 1),
         ):
             if value < least:
                 raise ConfigError(f"{name}={value} must be at least {least}")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,9 @@ def run_job(cfg: DictConfig) -> None:
         console = _level(cfg.log_level)
         _set_console_level(console)
         run_cfg = run_config_from(cfg)
-        prepared = prepare(run_cfg)  # checks the config; captures, does not time
+        # task=max_batch captures again at every batch; it is prepared and profiled at 1
+        first = replace(run_cfg, batch_size=1) if run_cfg.task == "max_batch" else run_cfg
+        prepared = prepare(first)  # checks the config; captures, does not time
         if run_cfg.malloc == "steady":  # before anything is profiled or timed
             steady_malloc()
         note = one_device_note(cfg, run_cfg)
@@ -95,6 +98,9 @@ def run_job(cfg: DictConfig) -> None:
             raise
         log.error("failed: %s: %s", type(exc).__name__, exc, exc_info=True)
         _record_failure(cfg, console, fingerprint, exc)
+        return
+    if run_cfg.task == "max_batch":
+        _run_max_batch(cfg, console, fingerprint, run_cfg, prepared, multirun)
         return
     rows = _run_tracked(cfg, console, fingerprint, run_cfg, prepared, multirun)
     if rows is not None:
@@ -159,6 +165,57 @@ def _run_tracked(
         log.error("failed: %s: %s", type(exc).__name__, exc, exc_info=True)
         return None
     return rows
+
+
+def _run_max_batch(
+    cfg: DictConfig,
+    console: int,
+    fingerprint: str,
+    run_cfg: RunConfig,
+    prepared: Prepared,
+    multirun: bool,
+) -> None:
+    """``task=max_batch`` inside one MLflow run (:mod:`xengine.max_batch`): profiled at batch
+    1, every strategy's largest batch searched and executed, the table printed."""
+    from xengine.max_batch import budget_of, run_max_batch
+    from xengine.prepare import measure_profile
+    from xengine.records.record import record_batches, record_profile
+    from xengine.records.report import batch_csv, batch_table
+
+    _highs_banner_to_stderr()
+    budget = budget_of(run_cfg)
+    try:
+        with _tracker(cfg, console, fingerprint) as tracker:
+            _start(tracker, cfg)
+            tracker.tags({"xe.kind": "max_batch"})
+            try:
+                profile, profile_file, graph = measure_profile(
+                    replace(run_cfg, batch_size=1), prepared
+                )
+                record_profile(profile, profile_file, tracker)
+                answers = run_max_batch(run_cfg, graph)
+                record_batches(tracker, answers, budget)
+                wrong = [a.strategy for a in answers if a.grads_match is False]
+                tracker.tags({"xe.status": "wrong" if wrong else "ok"})
+                tracker.text_artifact(batch_csv(answers), "largest_batch.csv")
+            finally:
+                _job_files(tracker)
+    except Exception as exc:
+        if not multirun:
+            raise
+        log.error("failed: %s: %s", type(exc).__name__, exc, exc_info=True)
+        return
+    title = (
+        f"{run_cfg.net} {_input_size(run_cfg)} {run_cfg.mode}: the largest batch within "
+        f"{format_bytes(budget)} on {run_cfg.devices[0]} (search up to {run_cfg.batch_limit})"
+    )
+    print(batch_table(answers, title=title))
+    if wrong and not multirun:
+        sys.stderr.write(
+            f"error: {', '.join(wrong)} executed with a wrong answer at its largest batch; the "
+            "run is recorded with xe.status=wrong\n"
+        )
+        sys.exit(EXIT_WRONG)
 
 
 def _print_table(rows: list, run_cfg: RunConfig, prepared: Prepared) -> None:

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from xengine.max_batch import BatchAnswer
 from xengine.problem import Instance
 from xengine.protocol import Summary
-from xengine.result import RunRow
+from xengine.result import MIB, RunRow
 
 log = logging.getLogger(__name__)
 
@@ -206,3 +207,34 @@ def record_summary(tracker: Tracker, summary: Summary) -> None:
         "gain of xengine over the fastest single-device schedule: %s",
         "-" if summary.gain is None else f"{100 * summary.gain:+.2f} %",
     )
+
+
+def record_batches(tracker: Tracker, answers: Sequence[BatchAnswer], budget_bytes: int) -> None:
+    """``task=max_batch``'s answers as metrics (``<strategy>/largest_batch``, its ratio to
+    plain PyTorch's, the peaks and time at that batch), the search as tags."""
+    plain = answers[0]
+    tracker.metrics({"graph/budget_mib": budget_bytes / MIB})
+    for a in answers:
+        values = {
+            "largest_batch": a.largest,
+            "first_unfit_batch": a.first_unfit,
+            "largest_batch_over_plain": a.over(plain),
+            "predicted_peak_mib": _scaled(a.predicted_peak_bytes, 1 / MIB),
+            "measured_peak_mib": _scaled(a.measured_peak_bytes, 1 / MIB),
+            "measured_time_ms": _scaled(a.measured_time_s, 1e3),
+            "samples_per_s": a.samples_per_s,
+        }
+        tracker.metrics({f"{a.strategy}/{k}": float(v) for k, v in values.items() if v is not None})
+        tags = {
+            f"xe.batches.{a.strategy}": " ".join(f"{b}:{st}" for b, st in a.tried)[:4000],
+            f"xe.proven.{a.strategy}": str(a.proven).lower(),
+        }
+        if a.grads_match is False:
+            tags[f"xe.wrong.{a.strategy}"] = "loss or gradients differ from a plain step"
+        if a.note:
+            tags[f"xe.note.{a.strategy}"] = a.note[:4000]
+        tracker.tags(tags)
+
+
+def _scaled(x: float | None, factor: float) -> float | None:
+    return None if x is None else x * factor

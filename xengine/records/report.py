@@ -13,6 +13,7 @@ import csv
 import io
 from collections.abc import Callable, Sequence
 
+from xengine.max_batch import BatchAnswer
 from xengine.protocol import Summary
 from xengine.result import MIB, RunRow
 from xengine.units import format_bytes
@@ -119,11 +120,8 @@ def summary_lines(summary: Summary, devices: Sequence[str]) -> list[str]:
     return out
 
 
-def format_table(rows: Sequence[RunRow], title: str = "", footer: Sequence[str] = ()) -> str:
-    """A fixed-width text table, then ``footer`` lines, then one note line per row that has
-    a note."""
-    header = [h for h, _ in COLUMNS]
-    body = [[cell(r) for _, cell in COLUMNS] for r in rows]
+def text_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
+    """Fixed-width lines: the first column left-aligned, the others right-aligned."""
     widths = [max(len(x) for x in col) for col in zip(header, *body, strict=True)]
 
     def line(cells: Sequence[str]) -> str:
@@ -131,14 +129,78 @@ def format_table(rows: Sequence[RunRow], title: str = "", footer: Sequence[str] 
         rest = [c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True)]
         return "  ".join([first, *rest]).rstrip()
 
+    return [line(header), "  ".join("-" * w for w in widths), *(line(b) for b in body)]
+
+
+def format_table(rows: Sequence[RunRow], title: str = "", footer: Sequence[str] = ()) -> str:
+    """A fixed-width text table, then ``footer`` lines, then one note line per row that has
+    a note."""
     out = [title] if title else []
-    out += [line(header), "  ".join("-" * w for w in widths)]
-    out += [line(b) for b in body]
+    out += text_table([h for h, _ in COLUMNS], [[cell(r) for _, cell in COLUMNS] for r in rows])
     out += list(footer)
     notes = [f"  {r.label}: {r.note}" for r in rows if r.note]
     if notes:
         out += ["notes:", *notes]
     return "\n".join(out)
+
+
+# ------------------------------------------------------------------------------ task=max_batch
+BATCH_FIELDS: tuple[tuple[str, Callable[[BatchAnswer, BatchAnswer], object]], ...] = (
+    ("strategy", lambda a, p: a.strategy),
+    ("largest_batch", lambda a, p: a.largest),
+    ("first_unfit_batch", lambda a, p: a.first_unfit),
+    ("proven", lambda a, p: a.proven),
+    ("over_plain", lambda a, p: None if a.over(p) is None else round(a.over(p), 3)),
+    ("predicted_peak_mib", lambda a, p: _mib(a.predicted_peak_bytes)),
+    ("measured_peak_mib", lambda a, p: _mib(a.measured_peak_bytes)),
+    (
+        "measured_time_ms",
+        lambda a, p: None if a.measured_time_s is None else a.measured_time_s * 1e3,
+    ),
+    ("samples_per_s", lambda a, p: a.samples_per_s),
+    ("grads_match", lambda a, p: a.grads_match),
+)
+"""The columns of ``task=max_batch``'s table and CSV; ``p`` is plain PyTorch's answer."""
+
+
+def _mib(b: int | None) -> float | None:
+    return None if b is None else round(b / MIB, 3)
+
+
+def _cell(v: object) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    return f"{v:.2f}" if isinstance(v, float) else str(v)
+
+
+def batch_table(answers: Sequence[BatchAnswer], title: str = "") -> str:
+    """The largest batch per strategy, plain PyTorch first; a note per answer that has one
+    (and where a solver left the answer unproven)."""
+    plain = answers[0]
+    body = [[_cell(get(a, plain)) for _, get in BATCH_FIELDS] for a in answers]
+    out = [title] if title else []
+    out += text_table([name for name, _ in BATCH_FIELDS], body)
+    notes = [f"  {a.strategy}: {a.note}" for a in answers if a.note]
+    notes += [
+        f"  {a.strategy}: a solver stopped without an answer above batch {a.largest}; "
+        "the largest batch proven to fit is shown"
+        for a in answers
+        if not a.proven
+    ]
+    if notes:
+        out += ["notes:", *notes]
+    return "\n".join(out)
+
+
+def batch_csv(answers: Sequence[BatchAnswer]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow([name for name, _ in BATCH_FIELDS])
+    for a in answers:
+        w.writerow(["" if (v := get(a, answers[0])) is None else v for _, get in BATCH_FIELDS])
+    return buf.getvalue()
 
 
 def table_csv(rows: Sequence[RunRow]) -> str:
