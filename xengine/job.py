@@ -61,6 +61,9 @@ log = logging.getLogger("run")
 def run_job(cfg: DictConfig) -> None:
     """One point: read and check the config, skip a finished point, prepare, run every
     strategy inside one MLflow run, print the table."""
+    # a SLURM job (submitit) calls this without run.py's __main__, and submitit lets SIGTERM
+    # pass (it waits for the SIGKILL of a preemption): scancel must end the point KILLED
+    interrupt.install()
     multirun = HydraConfig.get().mode.name == "MULTIRUN"
     fingerprint = _fingerprint_or_skip(cfg, multirun)
     if fingerprint is None:
@@ -339,6 +342,8 @@ def _tracker(
         Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
     hc = HydraConfig.get()
     tags = {"xe.task": "run", "xe.output_dir": hc.runtime.output_dir}
+    if os.environ.get("SLURM_JOB_ID"):  # a point of hydra/launcher=slurm: its job
+        tags["xe.slurm_job_id"] = os.environ["SLURM_JOB_ID"]
     if fingerprint is not None:
         tags["xe.fingerprint"] = fingerprint
     if hc.runtime.choices.get("experiment"):

@@ -165,7 +165,7 @@ def largest_batches(
                 graph = batches.graph(b)
             except TooLarge as exc:
                 ans.tried.append((b, "not captured"))
-                ans.proven, ans.note = False, str(exc)
+                ans.note = str(exc)
                 return False
             if name == PLAIN:
                 peak = keep_all_peak_bytes(graph, device)
@@ -176,8 +176,6 @@ def largest_batches(
                 ok = bool(res.fits)
                 results[b] = res
                 ans.tried.append((b, res.status))
-                if not ok and res.status not in SETTLED:
-                    ans.proven = False
             log.info("%s at batch %d: %s", name, b, ans.tried[-1][1])
             return ok
 
@@ -188,6 +186,10 @@ def largest_batches(
                 return fits(b)
 
         ans.largest, ans.first_unfit = search_largest(shown, cfg.batch_limit)
+        # proven when the first batch that does not fit was settled (above it, by the
+        # assumption, nothing fits either); a solver's time limit there leaves it open
+        status = dict(ans.tried).get(ans.first_unfit)
+        ans.proven = ans.proven and (ans.first_unfit is None or status in (*SETTLED, "over budget"))
         if ans.largest and cfg.executes:
             _execute_largest(cfg, batches, ans, results.get(ans.largest), device)
         log.info(
