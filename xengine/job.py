@@ -342,8 +342,12 @@ def _tracker(
         Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
     hc = HydraConfig.get()
     tags = {"xe.task": "run", "xe.output_dir": hc.runtime.output_dir}
-    if os.environ.get("SLURM_JOB_ID"):  # a point of hydra/launcher=slurm: its job
-        tags["xe.slurm_job_id"] = os.environ["SLURM_JOB_ID"]
+    if os.environ.get("SLURM_JOB_ID"):  # a point of hydra/launcher=slurm: its job, as
+        # squeue and scancel name it (an array's task by <array>_<task>, not its own id)
+        array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+        tags["xe.slurm_job_id"] = (
+            f"{array}_{task}" if array and task else os.environ["SLURM_JOB_ID"]
+        )
     if fingerprint is not None:
         tags["xe.fingerprint"] = fingerprint
     if hc.runtime.choices.get("experiment"):
