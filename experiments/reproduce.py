@@ -49,7 +49,8 @@ class Step:
 
 
 def _sweep(*args: str) -> str:
-    return " ".join((f"{PY} run.py -m", *args))
+    """A sweep run again in full (``redo=true``: a figure is remade from new runs only)."""
+    return " ".join((f"{PY} run.py -m redo=true", *args))
 
 
 def steps(out: Path, quick: bool) -> list[Step]:
@@ -57,7 +58,7 @@ def steps(out: Path, quick: bool) -> list[Step]:
     q = f"results_dir={out}" if quick else ""
     figs = f"{PY} experiments/figures.py --tracking-uri sqlite:///{out}/mlflow.db --out"
     # runs of this step only (a store keeps earlier sweeps): {since_ms} is the step's start
-    since = "--filter \"tags.`xe.experiment` = '{}' and attributes.start_time > {{since_ms}}\""
+    since = "--filter 'tags.`xe.experiment` = \"{}\" and attributes.start_time > {{since_ms}}'"
     return [
         Step(
             "memory_fidelity",
