@@ -8,9 +8,11 @@ commit, time and how long the step took. A step that fails is reported and the o
 (the exit status is then 1); a step that needs a GPU is skipped without one.
 
 ``--quick`` runs the same steps on small nets with short limits into ``results/quick/`` (its
-own MLflow store there), so the shipped figures are left alone: under 15 minutes on 2 cores.
-Without it the figures are made where the documents show them, which takes hours (the
-frontier sweep alone is 71 minutes; the solver benchmarks on the H200 costs most of the rest).
+own MLflow store there), so the shipped figures are left alone: 4.6 minutes on this 2-core
+machine on 2026-12-05 (each step's ``quick_s`` is its time then). Without it the figures are
+made where the documents show them, which takes hours (the frontier sweep alone is 71
+minutes; the solver benchmarks on the H200 cost most of the rest); ``full_s`` is a step's
+last full time where one was taken, a guess from its sweep's size otherwise.
 
 Usage:
   .venv/bin/python experiments/reproduce.py [--quick] [--only NAME ...] [--list]
@@ -65,11 +67,11 @@ def steps(out: Path, quick: bool) -> list[Step]:
             (f"{PY} experiments/memory_fidelity.py --time-limit-s 60",),
             (
                 f"{PY} experiments/memory_fidelity.py --nets resnet18,mobilenet_v2 "
-                f"--batch-size 2 --image-size 64 --time-limit-s 5 --out {out}/memory_fidelity",
+                f"--batch-size 2 --image-size 128 --time-limit-s 5 --out {out}/memory_fidelity",
             ),
             ("memory_fidelity/memory_fidelity.png",),
             full_s=1500,
-            quick_s=100,
+            quick_s=55,
         ),
         Step(
             "time_fidelity",
@@ -82,7 +84,7 @@ def steps(out: Path, quick: bool) -> list[Step]:
             ),
             ("time_fidelity/time_fidelity.png",),
             full_s=2400,
-            quick_s=150,
+            quick_s=105,
         ),
         Step(
             "frontier",
@@ -93,7 +95,7 @@ def steps(out: Path, quick: bool) -> list[Step]:
             (
                 _sweep(
                     "experiment=frontier net.batch_size=2 net.image_size=64",
-                    "hydra.sweeper.params.net=resnet18 hydra.sweeper.params.mem.all=90%,60%",
+                    "net=resnet18 mem.all=90%,60%",
                     "'strategy=[checkmate,chen_sqrtn,torch_checkpoint,torch_sac]'",
                     "n_steps=2 profile.context_rounds=0 solver.time_limit_s=5",
                     q,
@@ -102,7 +104,7 @@ def steps(out: Path, quick: bool) -> list[Step]:
             ),
             ("figures/frontier.png",),
             full_s=4300,
-            quick_s=120,
+            quick_s=25,
         ),
         Step(
             "transformers",
@@ -112,8 +114,8 @@ def steps(out: Path, quick: bool) -> list[Step]:
             ),
             (
                 _sweep(
-                    "experiment=transformers hydra.sweeper.params.net=gpt2_small",
-                    "hydra.sweeper.params.mem.all=70%,50% net.batch_size=2 net.image_size=32",
+                    "experiment=transformers net=gpt2_small",
+                    "mem.all=70%,50% net.batch_size=2 net.image_size=32",
                     "n_steps=2 profile.context_rounds=0 solver.time_limit_s=5",
                     q,
                 ),
@@ -121,7 +123,7 @@ def steps(out: Path, quick: bool) -> list[Step]:
             ),
             ("transformers/overhead_vs_budget.png",),
             full_s=660,
-            quick_s=90,
+            quick_s=25,
         ),
         Step(
             "resnet18_figures",
@@ -155,7 +157,7 @@ def steps(out: Path, quick: bool) -> list[Step]:
                 "figures/predicted_vs_measured.png",
             ),
             full_s=1800,
-            quick_s=150,
+            quick_s=30,
         ),
         Step(
             "max_batch",
@@ -165,7 +167,7 @@ def steps(out: Path, quick: bool) -> list[Step]:
             ),
             (
                 _sweep(
-                    "experiment=max_batch hydra.sweeper.params.net=tiny mem=4MB",
+                    "experiment=max_batch net=tiny mem=4MB",
                     "'strategy=[checkmate,chen_sqrtn]' solver.time_limit_s=5",
                     q,
                 ),
@@ -173,7 +175,7 @@ def steps(out: Path, quick: bool) -> list[Step]:
             ),
             ("figures/max_batch.png",),
             full_s=1800,
-            quick_s=60,
+            quick_s=15,
         ),
         Step(
             "heuristics_nets",
@@ -181,7 +183,7 @@ def steps(out: Path, quick: bool) -> list[Step]:
             (f"{PY} experiments/heuristics_nets.py --nets resnet18 --out {out}/heuristics_nets",),
             ("heuristics_nets/heuristics_nets_b.png",),
             full_s=90,
-            quick_s=30,
+            quick_s=15,
         ),
         Step(
             "coarsening_h200",
@@ -259,60 +261,79 @@ def _has_gpu() -> bool:
         return False
 
 
+MANIFEST_HEADER = ("figure", "command", "commit", "finished_utc", "step_s")
+
+
+class Manifest:
+    """``reproduce_manifest.csv``: one row per figure, the latest run of it (a rerun of some
+    steps with ``--only`` replaces their rows and keeps the others), written whole after each
+    figure so that a stopped run leaves a valid file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.rows: dict[str, list[str]] = {}
+        if path.exists():
+            with path.open(newline="") as fh:
+                for row in csv.DictReader(fh):
+                    self.rows[row["figure"]] = [row.get(k, "") for k in MANIFEST_HEADER]
+
+    def add(self, figure: str, command: str, sha: str, took_s: float) -> None:
+        stamped = datetime.now(UTC).strftime("%Y-%m-%d %H:%M")
+        self.rows[figure] = [figure, command, sha, stamped, str(round(took_s))]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        with tmp.open("w", newline="") as fh:
+            writer = csv.writer(fh)
+            writer.writerow(MANIFEST_HEADER)
+            writer.writerows(self.rows.values())
+        tmp.replace(self.path)
+
+
 def run(todo: list[Step], out: Path, quick: bool) -> int:
     """Run ``todo`` in order; progress and the estimate on stderr, the manifest in ``out``."""
     sha = commit()
     total = sum(s.quick_s if quick else s.full_s for s in todo)
     done_est, t_start, failed = 0.0, time.perf_counter(), []
-    manifest = ROOT / out / "reproduce_manifest.csv"
-    manifest.parent.mkdir(parents=True, exist_ok=True)
-    new = not manifest.exists()
-    with manifest.open("a", newline="") as fh:
-        writer = csv.writer(fh)
-        if new:
-            writer.writerow(["figure", "command", "commit", "finished_utc", "step_s"])
-        for k, step in enumerate(todo, 1):
-            commands = step.quick if quick else step.full
-            elapsed = time.perf_counter() - t_start
-            # the estimate: what is left, at the pace measured so far against the plan
-            pace = elapsed / done_est if done_est > 0 else 1.0
-            left_s = (total - done_est) * pace
-            log.warning(
-                "[%d/%d] %s: started at %.0f min; about %.0f min left", k, len(todo),
-                step.name, elapsed / 60, left_s / 60,
-            )  # fmt: skip
-            done_est += step.quick_s if quick else step.full_s
-            if step.needs_gpu and not _has_gpu():
-                log.warning("[%d/%d] %s: skipped: needs a GPU", k, len(todo), step.name)
-                continue
-            t0 = time.perf_counter()
-            ok = True
-            since_ms = int(time.time() * 1000)
-            commands = tuple(c.replace("{since_ms}", str(since_ms)) for c in commands or ())
-            for command in commands:
-                log.info("$ %s", command)
-                exe = shlex.quote(sys.executable)
-                proc = subprocess.run(f"{exe} {command[len(PY) + 1 :]}", shell=True, cwd=ROOT)
-                if proc.returncode != 0:
-                    log.error("%s: exit %d: %s", step.name, proc.returncode, command)
-                    ok = False
-                    break
-            took = time.perf_counter() - t0
-            if not ok:
+    manifest = Manifest(ROOT / out / "reproduce_manifest.csv")
+    for k, step in enumerate(todo, 1):
+        commands = step.quick if quick else step.full
+        elapsed = time.perf_counter() - t_start
+        # the estimate: what is left, at the pace measured so far against the plan
+        pace = elapsed / done_est if done_est > 0 else 1.0
+        left_s = (total - done_est) * pace
+        log.warning(
+            "[%d/%d] %s: started at %.0f min; about %.0f min left", k, len(todo),
+            step.name, elapsed / 60, left_s / 60,
+        )  # fmt: skip
+        done_est += step.quick_s if quick else step.full_s
+        if step.needs_gpu and not _has_gpu():
+            log.warning("[%d/%d] %s: skipped: needs a GPU", k, len(todo), step.name)
+            continue
+        t0 = time.perf_counter()
+        ok = True
+        since_ms = int(time.time() * 1000)
+        commands = tuple(c.replace("{since_ms}", str(since_ms)) for c in commands or ())
+        for command in commands:
+            log.info("$ %s", command)
+            exe = shlex.quote(sys.executable)
+            proc = subprocess.run(f"{exe} {command[len(PY) + 1 :]}", shell=True, cwd=ROOT)
+            if proc.returncode != 0:
+                log.error("%s: exit %d: %s", step.name, proc.returncode, command)
+                ok = False
+                break
+        took = time.perf_counter() - t0
+        if not ok:
+            failed.append(step.name)
+            continue
+        for fig in step.figures:
+            png = ROOT / out / fig
+            if not png.exists():
+                log.error("%s: %s was not made", step.name, png)
                 failed.append(step.name)
                 continue
-            for fig in step.figures:
-                png = ROOT / out / fig
-                if not png.exists():
-                    log.error("%s: %s was not made", step.name, png)
-                    failed.append(step.name)
-                    continue
-                stamp(png, " && ".join(commands), sha)
-                stamped = datetime.now(UTC).strftime("%Y-%m-%d %H:%M")
-                writer.writerow([str(png.relative_to(ROOT)), " && ".join(commands), sha,
-                                 stamped, round(took)])  # fmt: skip
-                fh.flush()
-            log.warning("[%d/%d] %s: done in %.1f min", k, len(todo), step.name, took / 60)
+            stamp(png, " && ".join(commands), sha)
+            manifest.add(str(png.relative_to(ROOT)), " && ".join(commands), sha, took)
+        log.warning("[%d/%d] %s: done in %.1f min", k, len(todo), step.name, took / 60)
     log.warning(
         "all %d steps in %.1f min; %s", len(todo), (time.perf_counter() - t_start) / 60,
         f"failed: {', '.join(failed)}" if failed else "none failed",

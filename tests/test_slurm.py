@@ -65,8 +65,9 @@ def test_a_sweep_runs_each_point_as_a_slurm_job_into_one_store(tmp_path):
 
 def test_a_cancelled_point_is_killed_and_the_rerun_runs_only_it(tmp_path):
     """Two points that solve for up to a minute; the first job running is cancelled once
-    its MLflow run exists, and is recorded KILLED; the sweep run again skips the finished
-    point and runs the cancelled one to the end."""
+    its MLflow run exists, and is recorded KILLED; the sweep ends by itself, its parent run
+    counting one killed point; the sweep run again skips the finished point and runs the
+    cancelled one to the end."""
     args = (
         "net=resnet18",
         "net.batch_size=2",
@@ -92,18 +93,14 @@ def test_a_cancelled_point_is_killed_and_the_rerun_runs_only_it(tmp_path):
                 cancelled = running[0]
                 subprocess.run(["scancel", cancelled.data.tags["xe.slurm_job_id"]], check=True)
         assert cancelled is not None, "no point started within 5 minutes"
-        # the other point runs to its end; the sweep's own process then waits for the
-        # cancelled job's result, which submitit learns only from sacct (a cluster without
-        # accounting has none): it is stopped here once both points are recorded
-        while time.monotonic() < deadline + 300:
-            time.sleep(3)
-            _, runs = _runs(tmp_path)
-            if len(runs) == 2 and all(r.info.status != "RUNNING" for r in runs):
-                break
+        # the cancelled job records KILLED and returns, so the sweep's own process learns
+        # that it ended (without waiting for sacct) and ends once the other point has run
+        code = sweep.wait(timeout=max(deadline + 300 - time.monotonic(), 60))
     finally:
         if sweep.poll() is None:
             sweep.kill()
         subprocess.run(["scancel", "--name=run"], check=False)  # nothing left in the queue
+    assert code == 0, (tmp_path / "sweep.log").read_text()[-3000:]
     client, runs = _runs(tmp_path)
     status = {r.data.params["mem.all"]: r.info.status for r in runs}
     mem = cancelled.data.params["mem.all"]
@@ -111,6 +108,10 @@ def test_a_cancelled_point_is_killed_and_the_rerun_runs_only_it(tmp_path):
     assert client.get_run(cancelled.info.run_id).data.tags["xe.status"] == "killed"
     other = next(m for m in status if m != mem)
     assert status[other] == "FINISHED", status
+    parents = client.search_runs(
+        [cancelled.info.experiment_id], filter_string="tags.`xe.role` = 'sweep'"
+    )
+    assert [p.data.tags.get("xe.n_killed") for p in parents] == ["1"]
 
     rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env)
     assert rerun.returncode == 0, rerun.stderr[-3000:]

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
@@ -56,14 +58,32 @@ BAD_INPUT = (ConfigError, GraphError, MemorySpecError, SolverUnavailable)
 _REPO = Path(__file__).resolve().parents[1]  # the checkout, for the git commit tag
 
 log = logging.getLogger("run")
+T = TypeVar("T")
 
 
 def run_job(cfg: DictConfig) -> None:
     """One point: read and check the config, skip a finished point, prepare, run every
-    strategy inside one MLflow run, print the table."""
-    # a SLURM job (submitit) calls this without run.py's __main__, and submitit lets SIGTERM
-    # pass (it waits for the SIGKILL of a preemption): scancel must end the point KILLED
+    strategy inside one MLflow run, print the table.
+
+    A point that runs as its own job (submitit: ``hydra/launcher=slurm`` or
+    ``local_parallel``) and is sent SIGTERM (``scancel``, a SLURM time limit) is recorded
+    KILLED and then *returns*: submitit writes its result, so the sweep's own process learns
+    at once that the point ended and goes on with the others (it would otherwise wait for
+    ``sacct``, which a cluster without accounting does not have), and resuming the sweep runs
+    the point again."""
+    # submitit calls this without run.py's __main__ and lets SIGTERM pass (it waits for the
+    # SIGKILL of a preemption): our handler makes it an Interrupted the tracker records
     interrupt.install()
+    try:
+        _run_point(cfg)
+    except interrupt.Interrupted as exc:
+        if exc.signum != signal.SIGTERM or not os.environ.get("SUBMITIT_FOLDER"):
+            raise
+        job = os.environ.get("SLURM_JOB_ID", "(local)")
+        log.error("cancelled by SIGTERM (job %s): recorded KILLED; the sweep goes on", job)
+
+
+def _run_point(cfg: DictConfig) -> None:
     multirun = HydraConfig.get().mode.name == "MULTIRUN"
     fingerprint = _fingerprint_or_skip(cfg, multirun)
     if fingerprint is None:
@@ -137,6 +157,27 @@ def _fingerprint_or_skip(cfg: DictConfig, multirun: bool) -> str | None:
     return fingerprint
 
 
+def _tracked(
+    cfg: DictConfig, console: int, fingerprint: str, multirun: bool, work: Callable[[Any], T]
+) -> T | None:
+    """``work(tracker)`` inside the point's one MLflow run, the job's files attached whatever
+    happens; None when it failed in a sweep (the tracker marked the run FAILED with
+    ``xe.status=error`` and ``xe.error``, and the sweep goes on)."""
+    _highs_banner_to_stderr()
+    try:
+        with _tracker(cfg, console, fingerprint) as tracker:
+            _start(tracker, cfg)
+            try:
+                return work(tracker)
+            finally:
+                _job_files(tracker)
+    except Exception as exc:
+        if not multirun:
+            raise
+        log.error("failed: %s: %s", type(exc).__name__, exc, exc_info=True)
+        return None
+
+
 def _run_tracked(
     cfg: DictConfig,
     console: int,
@@ -148,26 +189,16 @@ def _run_tracked(
     """The pipeline inside one MLflow run; None when it failed in a sweep (recorded FAILED)."""
     from xengine.records.report import table_csv
 
-    _highs_banner_to_stderr()
-    try:
-        with _tracker(cfg, console, fingerprint) as tracker:
-            _start(tracker, cfg)
-            try:
-                rows = run_pipeline(run_cfg, tracker, prepared)
-                status = run_status(rows)
-                tracker.tags({"xe.status": status})
-                if status == "wrong":
-                    tracker.tags({"xe.wrong": ",".join(r.label for r in rows if r.wrong)})
-                tracker.text_artifact(table_csv(rows), "table.csv")
-            finally:
-                _job_files(tracker)
-    except Exception as exc:
-        if not multirun:
-            raise
-        # the tracker marked the run FAILED with xe.status=error and xe.error
-        log.error("failed: %s: %s", type(exc).__name__, exc, exc_info=True)
-        return None
-    return rows
+    def work(tracker: Any) -> list:
+        rows = run_pipeline(run_cfg, tracker, prepared)
+        status = run_status(rows)
+        tracker.tags({"xe.status": status})
+        if status == "wrong":
+            tracker.tags({"xe.wrong": ",".join(r.label for r in rows if r.wrong)})
+        tracker.text_artifact(table_csv(rows), "table.csv")
+        return rows
+
+    return _tracked(cfg, console, fingerprint, multirun, work)
 
 
 def _run_max_batch(
@@ -185,29 +216,23 @@ def _run_max_batch(
     from xengine.records.record import record_batches, record_profile
     from xengine.records.report import batch_csv, batch_table
 
-    _highs_banner_to_stderr()
     budget = budget_of(run_cfg)
-    try:
-        with _tracker(cfg, console, fingerprint) as tracker:
-            _start(tracker, cfg)
-            tracker.tags({"xe.kind": "max_batch"})
-            try:
-                profile, profile_file, graph = measure_profile(
-                    replace(run_cfg, batch_size=1), prepared
-                )
-                record_profile(profile, profile_file, tracker)
-                answers = run_max_batch(run_cfg, graph)
-                record_batches(tracker, answers, budget)
-                wrong = [a.strategy for a in answers if a.grads_match is False]
-                tracker.tags({"xe.status": "wrong" if wrong else "ok"})
-                tracker.text_artifact(batch_csv(answers), "largest_batch.csv")
-            finally:
-                _job_files(tracker)
-    except Exception as exc:
-        if not multirun:
-            raise
-        log.error("failed: %s: %s", type(exc).__name__, exc, exc_info=True)
+
+    def work(tracker: Any) -> list:
+        tracker.tags({"xe.kind": "max_batch"})
+        profile, profile_file, graph = measure_profile(replace(run_cfg, batch_size=1), prepared)
+        record_profile(profile, profile_file, tracker)
+        answers = run_max_batch(run_cfg, graph)
+        record_batches(tracker, answers, budget)
+        wrong = [a.strategy for a in answers if a.grads_match is False]
+        tracker.tags({"xe.status": "wrong" if wrong else "ok"})
+        tracker.text_artifact(batch_csv(answers), "largest_batch.csv")
+        return answers
+
+    answers = _tracked(cfg, console, fingerprint, multirun, work)
+    if answers is None:
         return
+    wrong = [a.strategy for a in answers if a.grads_match is False]
     title = (
         f"{run_cfg.net} {_input_size(run_cfg)} {run_cfg.mode}: the largest batch within "
         f"{format_bytes(budget)} on {run_cfg.devices[0]} (search up to {run_cfg.batch_limit})"

@@ -104,40 +104,53 @@ class Batches:
     """The net captured at each batch size asked for, costed from a batch-1 profile. A
     capture runs the forward pass and a keep-everything step (workspaces) on the host, so a
     batch whose keep-everything peak, extrapolated from batch 1, would take more than half
-    the host's free memory is not captured (:class:`TooLarge`)."""
+    the host's free memory is not captured (:class:`TooLarge`).
+
+    Every strategy's search asks for the same batches, so each batch's costed graph is kept
+    (small), but only the latest capture itself (the module and its input batch: hundreds of
+    MiB on resnet50); executing an answer at another batch captures it again, which gives the
+    same graph (the capture is deterministic: same net, seed and batch)."""
 
     def __init__(self, cfg: RunConfig, graph_b1: Graph) -> None:
         self.cfg = cfg
         self.cost_s = {d: {v.name: v.cost_s[d] for v in graph_b1.nodes} for d in graph_b1.devices}
         self.sample_bytes = keep_all_peak_bytes(graph_b1, cfg.devices[0])
-        self._captured: dict[int, Any] = {}
+        self._graphs: dict[int, Graph] = {}
+        self._latest: tuple[int, Any] | None = None
 
     def captured(self, batch: int) -> Any:
-        if batch not in self._captured:
-            from xengine.profile.workspace import capture_net
+        if self._latest is not None and self._latest[0] == batch:
+            return self._latest[1]
+        from xengine.profile.workspace import capture_net
 
-            need, free = 2 * self.sample_bytes * batch, available_host_bytes()
-            if need > free // 2:
-                raise TooLarge(
-                    f"batch {batch} not captured: a keep-everything step there needs about "
-                    f"{format_bytes(need)} of host memory, {format_bytes(free)} is free"
-                )
-            cfg = self.cfg
-            log.info("capturing %s at batch %d", cfg.net, batch)
-            self._captured[batch] = capture_net(
-                cfg.net,
-                batch,
-                mode=cfg.mode,
-                image_size=cfg.image_size,
-                num_classes=cfg.num_classes,
-                seed=cfg.seed,
-                granularity=cfg.granularity,
+        need, free = 2 * self.sample_bytes * batch, available_host_bytes()
+        if need > free // 2:
+            raise TooLarge(
+                f"batch {batch} not captured: a keep-everything step there needs about "
+                f"{format_bytes(need)} of host memory, {format_bytes(free)} is free"
             )
-        return self._captured[batch]
+        cfg = self.cfg
+        self._latest = None  # the previous capture's memory is free before the next one
+        log.info("capturing %s at batch %d", cfg.net, batch)
+        cap = capture_net(
+            cfg.net,
+            batch,
+            mode=cfg.mode,
+            image_size=cfg.image_size,
+            num_classes=cfg.num_classes,
+            seed=cfg.seed,
+            granularity=cfg.granularity,
+        )
+        self._latest = (batch, cap)
+        return cap
 
     def graph(self, batch: int) -> Graph:
-        scaled = {d: {n: c * batch for n, c in costs.items()} for d, costs in self.cost_s.items()}
-        return self.captured(batch).graph.with_costs(scaled)
+        if batch not in self._graphs:
+            scaled = {
+                d: {n: c * batch for n, c in costs.items()} for d, costs in self.cost_s.items()
+            }
+            self._graphs[batch] = self.captured(batch).graph.with_costs(scaled)
+        return self._graphs[batch]
 
 
 def budget_of(cfg: RunConfig) -> int:

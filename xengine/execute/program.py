@@ -123,7 +123,7 @@ def compile_plan(
     (:func:`_native_forwards`)."""
     facts = _graph_facts(graph, grad_inputs)
     walk = _walk_ops(ops, facts, grad_inputs, revive=fuse and train)
-    groups, internal = _find_groups(ops, facts, walk, requires_grad, train, fuse)
+    groups, internal = _find_groups(ops, facts, walk, grad_inputs, requires_grad, train, fuse)
     connect = {(walk.state_of[k], u) for k, u in internal}
     native = _native_forwards(ops, groups, walk, mutates_buffers)
     return Plan(
@@ -285,6 +285,7 @@ def _find_groups(
     ops: Sequence[Op],
     facts: _GraphFacts,
     walk: _OpWalk,
+    grad_inputs: Sequence[Sequence[int]],
     requires_grad: Sequence[bool],
     train: bool,
     fuse: bool,
@@ -294,7 +295,11 @@ def _find_groups(
     One scan over the ops grows the current group while the next backward compute may join
     it: same device, its state made before the last member's (autograd runs the ready node
     made last first), each gradient from a member an internal edge, none from a register
-    (a pass has one root). Any other compute closes the group; frees extend it."""
+    (a pass has one root). Any other compute closes the group; frees extend it, except the
+    free of a member's own gradient register that holds a gradient autograd hands out (not
+    internal): the pass fills that register only when it ends, so the group ends there too,
+    or the gradient would live on through the later members while the simulator has freed it
+    (a schedule that frees ``B_add`` early, to recompute it later)."""
     nf, fwd_of = facts.nf, facts.fwd_of
     state_of, contrib_src = walk.state_of, walk.contrib_src
     last_read: dict[int, int] = {}  # B_w compute -> the last compute that reads its register
@@ -314,11 +319,18 @@ def _find_groups(
             internal.update(cur_internal)
         cur, cur_first, cur_internal = [], -1, set()
 
+    def hands_out(k: int) -> bool:
+        """Member ``k``'s register holds a gradient when the pass ends."""
+        return any((k, u) not in cur_internal for u in grad_inputs[fwd_of[ops[k].node]])
+
     last_op = -1
     for i, op in enumerate(ops):
         if op.kind in ("free", "free_state"):
             if cur:
                 last_op = i
+                own = [k for k in cur if ops[k].node == op.node and ops[k].device == op.device]
+                if op.kind == "free" and any(hands_out(k) for k in own):
+                    close(i)
             continue
         if not _fusable(ops, i, facts, walk, requires_grad, train, fuse):
             close(last_op)
