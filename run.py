@@ -30,13 +30,6 @@ if __name__ == "__main__":
     for _sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(_sig, _interrupted_while_starting)
 
-# torch.profiler (used to capture graphs and to measure CPU memory) prints kineto's own
-# status lines on stderr from C++, and c10's CPU allocator warns there once per process that
-# a block allocated before profiling started was freed during it (the step's start state,
-# which the memory measurement subtracts anyway); they would bury our messages. C++ errors
-# still print. Set before torch loads; a value in the environment wins.
-os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
