@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import csv
 import logging
+import re
 import shlex
 import subprocess
 import sys
@@ -53,6 +54,18 @@ class Step:
 def _sweep(*args: str) -> str:
     """A sweep run again in full (``redo=true``: a figure is remade from new runs only)."""
     return " ".join((f"{PY} run.py -m redo=true", *args))
+
+
+GAP_DIR = "results/solver_benchmark/h200_resnet18_gap_over_time"
+
+
+def _gap_run(form: str) -> str:
+    """One form's 30-minute solve of resnet18 on two devices at 50 %, its gap traced."""
+    return (
+        f"{PY} experiments/solver_benchmark.py --suite full --costs h200 --graphs resnet18 "
+        f"--devices 2 --budgets 50% --formulations {form} --warm-start heuristic --no-lp-bound "
+        f"--rel-gap 1e-3 --time-limit-s 1800 --out {GAP_DIR}/{form}"
+    )
 
 
 def steps(out: Path, quick: bool) -> list[Step]:
@@ -198,6 +211,20 @@ def steps(out: Path, quick: bool) -> list[Step]:
             full_s=1080,
         ),
         Step(
+            "gap_over_time_h200",
+            (
+                # the two forms side by side, one core each, as measured (30 min); either failing
+                # fails the step
+                f"taskset -c 0 {_gap_run('default')} & a=$!; "
+                f"taskset -c 1 {_gap_run('reference')} & b=$!; wait $a && wait $b",
+                f"{PY} experiments/solver_benchmark.py --merge {GAP_DIR}/default "
+                f"{GAP_DIR}/reference --rel-gap 1e-3 --out {GAP_DIR}",
+            ),
+            None,
+            ("solver_benchmark/h200_resnet18_gap_over_time/gap_over_time.png",),
+            full_s=1830,
+        ),
+        Step(
             "profiles_h200",
             (
                 f"{PY} experiments/device_profiles.py --devices cpu cuda --nets resnet18:4 "
@@ -209,6 +236,13 @@ def steps(out: Path, quick: bool) -> list[Step]:
             needs_gpu=True,
         ),
     ]
+
+
+def with_interpreter(command: str) -> str:
+    """``command`` with each ``python`` that starts a program replaced by this interpreter
+    (the commands name ``python``, as a reader types them)."""
+    exe = shlex.quote(sys.executable)
+    return re.sub(rf"(^|[;&|]\s*|taskset -c \d+ ){PY} ", lambda m: f"{m.group(1)}{exe} ", command)
 
 
 # ------------------------------------------------------------------------------ stamping
@@ -315,8 +349,7 @@ def run(todo: list[Step], out: Path, quick: bool) -> int:
         commands = tuple(c.replace("{since_ms}", str(since_ms)) for c in commands or ())
         for command in commands:
             log.info("$ %s", command)
-            exe = shlex.quote(sys.executable)
-            proc = subprocess.run(f"{exe} {command[len(PY) + 1 :]}", shell=True, cwd=ROOT)
+            proc = subprocess.run(with_interpreter(command), shell=True, cwd=ROOT)
             if proc.returncode != 0:
                 log.error("%s: exit %d: %s", step.name, proc.returncode, command)
                 ok = False

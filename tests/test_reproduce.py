@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -54,3 +55,22 @@ def test_the_manifest_keeps_the_latest_row_of_each_figure(tmp_path):
         ("a.png", "def", "12"),
         ("b.png", "abc", "3"),
     ]
+
+
+def test_every_figure_the_documents_show_is_made_by_a_step():
+    mod = _reproduce()
+    made = {f"results/{f}" for step in mod.steps(Path("results"), False) for f in step.figures}
+    shown = set()
+    for doc in ("README.md", "docs/measurements.md"):
+        shown |= set(re.findall(r"results/[\w/.-]+\.png", (ROOT / doc).read_text()))
+    assert shown, "no figure found in the documents"
+    assert not shown - made, sorted(shown - made)
+
+
+def test_every_python_that_starts_a_program_is_this_interpreter():
+    mod = _reproduce()
+    cmd = "taskset -c 0 python a.py --x python & a=$!; python b.py && python c.py"
+    exe = mod.shlex.quote(sys.executable)
+    assert mod.with_interpreter(cmd) == (
+        f"taskset -c 0 {exe} a.py --x python & a=$!; {exe} b.py && {exe} c.py"
+    )
