@@ -410,6 +410,8 @@ def run_config_from(cfg: DictConfig) -> RunConfig:
         image_size=_get(cfg, "net.image_size", int),
         num_classes=_get(cfg, "net.num_classes", int, default=1000),
         granularity=_get(cfg, "net.granularity", str, default="module"),
+        num_layers=_get(cfg, "net.num_layers", int, optional=True),
+        width=_get(cfg, "net.width", int, optional=True),
         mode=_get(cfg, "mode", str),
         graph_path=_get(cfg, "graph", str, optional=True),
         devices=devices_of(cfg),

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from xengine.graph.types import GRANULARITIES
+from xengine.graph.types import GRANULARITIES, SIZED_NETS
 from xengine.solvers import SOLVERS, SolverOptions, SolverUnavailable, describe_solvers
 from xengine.strategies.registry import (
     DEFAULT_STRATEGIES,
@@ -59,6 +59,8 @@ class RunConfig:
     image_size: int = 224
     num_classes: int = 1000
     granularity: str = "module"  # module | function (xengine.graph.capture.GRANULARITIES)
+    num_layers: int | None = None  # a transformer's layers (None: the net's own)
+    width: int | None = None  # a transformer's width (None: the net's own)
     mode: str = "train"
     graph_path: str | None = None
     devices: tuple[str, ...] = ("cpu",)
@@ -88,6 +90,18 @@ class RunConfig:
     grad_atol: float = 1e-6
     task: str = "run"  # run | max_batch (TASKS)
     batch_limit: int = 1024  # task=max_batch: the largest batch tried
+
+    def _check_sizes(self) -> None:
+        """``net.num_layers`` / ``net.width``: whole numbers from 1, for a sized net only."""
+        sizes = {"net.num_layers": self.num_layers, "net.width": self.width}
+        given = {k: v for k, v in sizes.items() if v is not None}
+        if given and self.net not in SIZED_NETS:
+            raise ConfigError(
+                f"{', '.join(given)} size only {', '.join(SIZED_NETS)}, not net={self.net}"
+            )
+        for key, value in given.items():
+            if value < 1:
+                raise ConfigError(f"{key}={value}: expected a whole number from 1")
 
     def _check_max_batch(self, specs: tuple[MemorySpec, ...], in_pytorch: list[str]) -> None:
         """``task=max_batch`` captures the net at each batch and compares schedules on one
@@ -208,6 +222,7 @@ class RunConfig:
             raise ConfigError(
                 f"net.granularity={self.granularity!r} is not one of {', '.join(GRANULARITIES)}"
             )
+        self._check_sizes()
         if self.malloc not in MALLOCS:
             raise ConfigError(f"malloc={self.malloc!r} is not one of {', '.join(MALLOCS)}")
         if not self.devices or any(not d for d in self.devices):

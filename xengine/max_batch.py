@@ -140,6 +140,8 @@ class Batches:
             num_classes=cfg.num_classes,
             seed=cfg.seed,
             granularity=cfg.granularity,
+            num_layers=cfg.num_layers,
+            width=cfg.width,
         )
         self._latest = (batch, cap)
         return cap

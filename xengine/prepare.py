@@ -123,6 +123,8 @@ def prepare(cfg: RunConfig) -> Prepared:
             num_classes=cfg.num_classes,
             seed=cfg.seed,
             granularity=cfg.granularity,
+            num_layers=cfg.num_layers,
+            width=cfg.width,
         )
         graph = captured.graph
         if profile is not None:

@@ -46,7 +46,15 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from xengine.graph.types import GRANULARITIES, Edge, Graph, GraphError, InternalError, Node
+from xengine.graph.types import (
+    GRANULARITIES,
+    SIZED_NETS,
+    Edge,
+    Graph,
+    GraphError,
+    InternalError,
+    Node,
+)
 from xengine.torch_state import TorchState
 
 log = logging.getLogger(__name__)
@@ -68,13 +76,17 @@ TORCHVISION_NETS: tuple[str, ...] = (
     "densenet121",
     "vit_b_16",
     "gpt2_small",
+    "hf_gpt2",
+    "hf_llama",
 )
-OWN_NETS = ("tiny", "gpt2_small")
-"""Nets written here (:mod:`xengine.graph.nets`, :class:`TinyNet`); every other name is a
-torchvision classification model (:func:`known_nets`)."""
-TOKEN_NETS = ("gpt2_small",)
+OWN_NETS = ("tiny", "gpt2_small", "hf_gpt2", "hf_llama")
+"""Nets named here (:mod:`xengine.graph.nets`, :class:`TinyNet`, the transformers models of
+:mod:`xengine.graph.hf_nets`); every other name is a torchvision classification model
+(:func:`known_nets`)."""
+TOKEN_NETS = ("gpt2_small", "hf_gpt2", "hf_llama")
 """Nets that read token ids: ``image_size`` is their sequence length, ``num_classes`` their
 vocabulary."""
+
 MODES = ("train", "infer")
 LOSS_NAME = "loss"
 BWD_PREFIX = "grad_"
@@ -763,7 +775,9 @@ def _op_template(
     pnames: list[str] = []
     if module_path is not None:
         sub = gm.get_submodule(module_path)
-        pnames = [f"{module_path}.{n}" for n, p in sub.named_parameters() if p.requires_grad]
+        # by the root's name of each parameter: a weight two modules share (a language
+        # model's head tied to its token embedding) is one parameter under one name
+        pnames = [param_name_of[id(p)] for p in sub.parameters() if p.requires_grad]
 
     def find_params(a: Any) -> None:
         if isinstance(a, _View):  # a parameter the view reads: its gradient is this op's
@@ -1133,17 +1147,35 @@ def check_net_name(net: str) -> None:
     close = difflib.get_close_matches(net, names, n=4, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}?" if close else f"choose one of {', '.join(names)}"
     raise GraphError(
-        f"unknown net {net!r}: {hint} (any torchvision classification model, tiny, gpt2_small)"
+        f"unknown net {net!r}: {hint} (any torchvision classification model, tiny, "
+        "gpt2_small, hf_gpt2, hf_llama)"
     )
 
 
-def _build_net(net: str, num_classes: int, image_size: int) -> nn.Module:
+def _build_net(
+    net: str,
+    num_classes: int,
+    image_size: int,
+    num_layers: int | None = None,
+    width: int | None = None,
+    granularity: str = "module",
+) -> tuple[nn.Module, tuple[type[nn.Module], ...]]:
+    """The module and the classes that are one op each (beyond torch.nn's)."""
+    if net in ("hf_gpt2", "hf_llama"):
+        from xengine.graph.hf_nets import build_hf
+
+        return build_hf(net, num_classes, image_size, num_layers, width, granularity)
+    if net == "gpt2_small":
+        from xengine.graph.nets import CausalSelfAttention, GPTConfig, GPTDecoder
+
+        module = GPTDecoder(GPTConfig(vocab_size=num_classes, seq_len=image_size))
+        return module, (CausalSelfAttention,) if granularity == "module" else ()
+    return _build_torchvision(net, num_classes, image_size), ()
+
+
+def _build_torchvision(net: str, num_classes: int, image_size: int) -> nn.Module:
     if net == "tiny":
         return TinyNet(num_classes=num_classes, image_size=image_size)
-    if net == "gpt2_small":
-        from xengine.graph.nets import GPTConfig, GPTDecoder
-
-        return GPTDecoder(GPTConfig(vocab_size=num_classes, seq_len=image_size))
     import torchvision
 
     build = torchvision.models.get_model_builder(net)
@@ -1165,6 +1197,8 @@ def trace_net(
     num_classes: int | None = None,
     seed: int = 0,
     granularity: str = "module",
+    num_layers: int | None = None,
+    width: int | None = None,
 ) -> CapturedModel:
     """Capture a named network with seeded random weights (nothing is downloaded).
 
@@ -1174,7 +1208,9 @@ def trace_net(
     A token net (:data:`TOKEN_NETS`, ``gpt2_small``: :class:`xengine.graph.nets.GPTDecoder`)
     reads ``batch_size`` sequences of ``image_size`` token ids (default 64) from a vocabulary
     of ``num_classes`` (default 512), learns the next token at every position, and has its
-    attention blocks as single ops unless ``granularity="function"`` (:data:`GRANULARITIES`).
+    attention blocks as single ops unless ``granularity="function"`` (:data:`GRANULARITIES`);
+    ``num_layers`` and ``width`` size a token net (:data:`SIZED_NETS`; None: its default).
+    A token net's targets are the next token at every position (one random sequence, shifted).
     Workspaces are the parameter gradients, as in :func:`capture`;
     ``xengine.profile.workspace.capture_net`` measures them too.
     """
@@ -1183,6 +1219,8 @@ def trace_net(
         raise GraphError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
     if batch_size < 1:
         raise GraphError(f"batch size must be at least 1, got {batch_size}")
+    if (num_layers is not None or width is not None) and net not in SIZED_NETS:
+        raise GraphError(f"{net}: net.num_layers and net.width size only {', '.join(SIZED_NETS)}")
     token = net in TOKEN_NETS
     if image_size is None:
         image_size = 32 if net == "tiny" else 64 if token else 224
@@ -1195,25 +1233,28 @@ def trace_net(
         # the CPU generator is put back (manual_seed seeds CUDA's too, left seeded)
         with TorchState():
             torch.manual_seed(seed)
-            module = _build_net(net, num_classes, image_size)
+            module, leaves = _build_net(
+                net, num_classes, image_size, num_layers, width, granularity
+            )
         gen = torch.Generator().manual_seed(seed)
         if token:
-            x = torch.randint(0, num_classes, (batch_size, image_size), generator=gen)
-            target = torch.randint(0, num_classes, (batch_size, image_size), generator=gen)
+            from xengine.graph.nets import next_token_batch
+
+            x, target = next_token_batch(num_classes, batch_size, image_size, gen)
         else:
             x = torch.randn(batch_size, 3, image_size, image_size, generator=gen)
             target = torch.randint(0, num_classes, (batch_size,), generator=gen)
     kwargs: dict[str, Any] = {}
     if token:
-        from xengine.graph.nets import CausalSelfAttention, token_cross_entropy
+        from xengine.graph.nets import token_cross_entropy
 
-        leaves = (CausalSelfAttention,) if granularity == "module" else ()
         kwargs = {"loss_fn": token_cross_entropy, "leaf_modules": leaves}
     cap = trace(module, x, target, mode=mode, name=net, **kwargs)
     for w in caught:
         log.warning("%s (building %s): %s", w.category.__name__, net, w.message)
+    sizes = {"num_layers": num_layers, "width": width} if net in SIZED_NETS else {}
     cap.graph = replace(
-        cap.graph, meta={**cap.graph.meta, "seed": seed, "granularity": granularity}
+        cap.graph, meta={**cap.graph.meta, "seed": seed, "granularity": granularity, **sizes}
     )
     cap.meta = dict(cap.graph.meta)
     return cap

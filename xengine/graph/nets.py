@@ -103,3 +103,12 @@ def token_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Ten
     """Next-token loss of a decoder: cross-entropy over every position (logits
     ``[batch, seq, vocab]``, target ``[batch, seq]`` token ids)."""
     return F.cross_entropy(logits.flatten(0, 1), target.flatten())
+
+
+def next_token_batch(
+    vocab: int, batch_size: int, seq_len: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Input ids and the next token at every position: one random sequence of ``seq_len + 1``
+    tokens per sample, shifted by one (transformers' causal-LM loss shifts the same way)."""
+    seq = torch.randint(0, vocab, (batch_size, seq_len + 1), generator=gen)
+    return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()

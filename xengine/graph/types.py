@@ -38,6 +38,9 @@ modules are traced through (the decoder's attention becomes its projections,
 ``scaled_dot_product_attention`` and a reshape). torchvision's nets have no modules of their
 own that are leaves, so for them the two are the same graph."""
 
+SIZED_NETS = ("hf_gpt2", "hf_llama")
+"""Named nets that take ``net.num_layers`` and ``net.width`` (:mod:`xengine.graph.hf_nets`)."""
+
 
 NODE_KINDS = ("fwd", "loss", "bwd")
 EDGE_KINDS = ("value", "state")

@@ -69,6 +69,8 @@ def capture_net(
     seed: int = 0,
     measure_workspace: bool = True,
     granularity: str = "module",
+    num_layers: int | None = None,
+    width: int | None = None,
 ) -> CapturedModel:
     """:func:`xengine.graph.capture.trace_net` (a named net with seeded random weights),
     then (``measure_workspace``, the default) each node's workspace measured on the CPU
@@ -81,6 +83,8 @@ def capture_net(
         num_classes=num_classes,
         seed=seed,
         granularity=granularity,
+        num_layers=num_layers,
+        width=width,
     )
     return fill_workspaces(cap) if measure_workspace else cap
 
