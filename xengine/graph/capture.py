@@ -1203,8 +1203,9 @@ def trace_net(
     """Capture a named network with seeded random weights (nothing is downloaded).
 
     ``image_size`` defaults to 224 (32 for ``tiny``), ``num_classes`` to 1000 (10 for
-    ``tiny``). The input batch is standard normal and the targets uniform class indices, both
-    drawn from a generator seeded with ``seed``; the global random state is left untouched.
+    ``tiny``, the model's own vocabulary for ``hf_gpt2`` and ``hf_llama``). The input batch
+    is standard normal and the targets uniform class indices, both drawn from a generator
+    seeded with ``seed``; the global random state is left untouched.
     A token net (:data:`TOKEN_NETS`, ``gpt2_small``: :class:`xengine.graph.nets.GPTDecoder`)
     reads ``batch_size`` sequences of ``image_size`` token ids (default 64) from a vocabulary
     of ``num_classes`` (default 512), learns the next token at every position, and has its
@@ -1224,6 +1225,10 @@ def trace_net(
     token = net in TOKEN_NETS
     if image_size is None:
         image_size = 32 if net == "tiny" else 64 if token else 224
+    if num_classes is None and net in SIZED_NETS:
+        from xengine.graph.hf_nets import DEFAULTS
+
+        num_classes = DEFAULTS[net]["vocab"]
     if num_classes is None:
         num_classes = 10 if net == "tiny" else 512 if token else 1000
     # torch warns while building a net of absurd sizes (zero-element weights at 1 px); the

@@ -142,10 +142,26 @@ class AttentionOp(nn.Module):
         return a.o_proj(y)
 
 
+class DecoderBlock(nn.Module):
+    """One transformers decoder layer as the pair of residual sums it computes: a module of
+    its own, so that the blocks PyTorch's checkpointing wraps (``torch_checkpoint``,
+    ``torch_sac``: ``baselines.pytorch.find_blocks``) are the layers."""
+
+    def __init__(self, layer: nn.Module, names: tuple[str, str, str, str]) -> None:
+        super().__init__()
+        self.layer, self.names = layer, names
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        norm_1, attn, norm_2, mlp = (getattr(self.layer, n) for n in self.names)
+        h = h + attn(norm_1(h), cos, sin)
+        return h + mlp(norm_2(h))
+
+
 class HFCausalLM(nn.Module):
     """Token ids ``[batch, seq]`` -> logits ``[batch, seq, vocab]`` through a transformers
     causal LM's modules: embeddings (plus learned positions and dropout for GPT-2), per layer
-    ``h + attn(norm_1(h))`` then ``h + mlp(norm_2(h))``, a final norm and the head (tied to the
+    (:class:`DecoderBlock`) ``h + attn(norm_1(h))`` then ``h + mlp(norm_2(h))``, a final norm
+    and the head (tied to the
     token embedding for GPT-2, as transformers ties it). The model's layers are changed in
     place (their attention wrapped in :class:`AttentionOp`): ``model`` itself no longer runs.
     The rotary ``cos``/``sin`` tables of Llama are computed once by the model's own rotary
@@ -156,17 +172,17 @@ class HFCausalLM(nn.Module):
         self.kind = kind
         if kind == "hf_gpt2":
             body = model.transformer
-            self.embed, self.norm, self.layers = body.wte, body.ln_f, body.h
+            self.embed, self.norm, layers = body.wte, body.ln_f, body.h
             self.wpe, self.drop = body.wpe, body.drop
             names = ("ln_1", "attn", "ln_2", "mlp")
         else:
             body = model.model
-            self.embed, self.norm, self.layers = body.embed_tokens, body.norm, body.layers
+            self.embed, self.norm, layers = body.embed_tokens, body.norm, body.layers
             names = ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
         self.head = model.lm_head
-        self._parts = names
-        for layer in self.layers:  # the attention module becomes one op (or its functions)
+        for layer in layers:  # the attention module becomes one op (or its functions)
             setattr(layer, names[1], AttentionOp(getattr(layer, names[1]), kind, traced))
+        self.blocks = nn.ModuleList(DecoderBlock(layer, names) for layer in layers)
         cfg = model.config
         seq = cfg.max_position_embeddings if kind == "hf_llama" else cfg.n_positions
         pos = torch.arange(seq)
@@ -180,13 +196,11 @@ class HFCausalLM(nn.Module):
         self.register_buffer("sin", sin, persistent=False)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        norm_1, attn, norm_2, mlp = self._parts
         h = self.embed(idx)
         if self.kind == "hf_gpt2":
             h = self.drop(h + self.wpe(self.pos))
-        for layer in self.layers:
-            h = h + getattr(layer, attn)(getattr(layer, norm_1)(h), self.cos, self.sin)
-            h = h + getattr(layer, mlp)(getattr(layer, norm_2)(h))
+        for block in self.blocks:
+            h = block(h, self.cos, self.sin)
         return self.head(self.norm(h))
 
 
