@@ -4,10 +4,10 @@ Our forward composes the models' own modules (xengine/graph/hf_nets.py): its log
 next-token loss are transformers' own, bit for bit, at both granularities. Keep-everything
 against a plain PyTorch step: equal at the default shapes (GPT-2 small as it is) and on a
 small Llama at tensor-function granularity. Two gaps of the memory model are pinned here as
-strict xfails (they turn red when fixed): GPT-2's tied head and embedding (autograd holds the head's weight
-gradient until the embedding's arrives, which the model does not charge: under-predicted)
-and ops kept whole or handing their gradient on unchanged (over-predicted), both visible
-where they coincide with the peak (small widths)."""
+strict xfails (they turn red when fixed): GPT-2's tied head and embedding (autograd holds
+the head's weight gradient until the embedding's arrives, which the model does not charge:
+under-predicted) and ops kept whole or handing their gradient on unchanged
+(over-predicted), both visible where they coincide with the peak (small widths)."""
 
 from __future__ import annotations
 
