@@ -332,7 +332,7 @@ def _solve_milp(
             extra["warm_start_violation"] = viol
 
     status.report(phase="MILP")
-    progress = _shown(progress, form.time_scale)
+    progress = _shown(progress, form.time_scale, bound_s)
     res = solve(model, solver, options, warm_start=x0, progress=progress)
     solve_time_s = res.solve_time_s
     if x0 is not None and res.has_solution and not _consistent(model, res):
@@ -445,12 +445,19 @@ def _solve_milp(
     return out
 
 
-def _shown(progress: ProgressFn | None, time_scale: float) -> ProgressFn:
-    """The solver's progress in seconds, to ``progress`` and to the live status line."""
+def _shown(
+    progress: ProgressFn | None, time_scale: float, proven_s: float | None = None
+) -> ProgressFn:
+    """The solver's progress in seconds, to ``progress`` and to the live status line, its
+    bound never below ``proven_s`` (the frontier relaxation's, which the final gap uses: the
+    MILP's own bound can stay below it for minutes, and the line would show a gap of 2.4 %
+    where 0.7 % is proven, as on hf_gpt2 at 70 %)."""
 
     def report(elapsed_s: float, incumbent: float | None, bound: float | None) -> None:
         inc_s = None if incumbent is None else incumbent * time_scale
         bound_s = None if bound is None else bound * time_scale
+        if proven_s is not None and (bound_s is None or bound_s < proven_s):
+            bound_s = proven_s if inc_s is None else min(proven_s, inc_s)
         status.report(incumbent_s=inc_s, bound_s=bound_s)
         if progress is not None:
             progress(elapsed_s, inc_s, bound_s)

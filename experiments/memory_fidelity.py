@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from baselines.checkmate import solve_checkmate  # noqa: E402
 from xengine.execute.executor import execute, reference_step  # noqa: E402
+from xengine.graph.types import GRANULARITIES  # noqa: E402
 from xengine.problem import Instance  # noqa: E402
 from xengine.profile.profiler import apply_profile, profile_model  # noqa: E402
 from xengine.profile.workspace import capture_net  # noqa: E402
@@ -53,9 +54,14 @@ def _measure(cap, inst, sched) -> tuple[int, int]:
     return res.predicted_peak_bytes["cpu"], res.peak_bytes["cpu"]
 
 
-def measure_net(net: str, batch: int, image: int, time_limit_s: float) -> dict:
+def measure_net(
+    net: str, batch: int, image: int, time_limit_s: float, shape: dict | None = None
+) -> dict:
+    """``shape``: more keywords of ``capture_net`` (granularity; a transformer's layers,
+    width and vocabulary)."""
     t0 = time.perf_counter()
-    cap = capture_net(net, batch, image_size=image)
+    shape = {k: v for k, v in (shape or {}).items() if v is not None}
+    cap = capture_net(net, batch, image_size=image, **shape)
     prof = profile_model(cap, ("cpu",), repeats=3, warmup=1, progress=False)
     graph = apply_profile(cap.graph, prof)
     with TorchState():
@@ -66,6 +72,7 @@ def measure_net(net: str, batch: int, image: int, time_limit_s: float) -> dict:
         "net": net,
         "batch_size": batch,
         "image_size": image,
+        **shape,
         "nodes": graph.size,
         "state_mib": round(float(graph.state_bytes.sum()) / MIB, 3),
         "plain_peak_mib": round(plain / MIB, 3),
@@ -138,7 +145,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-limit-s", type=float, default=120.0, help="per Checkmate solve")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "memory_fidelity")
     ap.add_argument("--replot", action="store_true", help="redraw the figure from the CSV")
+    ap.add_argument("--granularity", choices=GRANULARITIES, default="module")
+    ap.add_argument("--num-layers", type=int, help="hf_gpt2 / hf_llama: layers")
+    ap.add_argument("--width", type=int, help="hf_gpt2 / hf_llama: width")
+    ap.add_argument("--num-classes", type=int, help="classes, or a token net's vocabulary")
     args = ap.parse_args(argv)
+    shape = {
+        "granularity": args.granularity,
+        "num_layers": args.num_layers,
+        "width": args.width,
+        "num_classes": args.num_classes,
+    }
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.replot:
         rows = list(csv.DictReader((args.out / "memory_fidelity.csv").open()))
@@ -146,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rows = []
     for net in args.nets.split(","):
-        rows.append(measure_net(net, args.batch_size, args.image_size, args.time_limit_s))
+        rows.append(measure_net(net, args.batch_size, args.image_size, args.time_limit_s, shape))
         _write(rows, args.out)  # a long run keeps what it has measured
     for r in rows:
         print(
