@@ -33,6 +33,7 @@ from xengine.solvers import MilpModel, ProgressFn, SolverOptions, solve
 from xengine.solvers.model import SOLUTION_STATUSES, relative_gap
 from xengine.strategies.formulation import build
 from xengine.strategies.frontier import solve_frontier
+from xengine.strategies.model_size import milp_memory_problem
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,16 @@ def solve_checkmate(
         left_s = options.time_limit_s - (time.perf_counter() - t_start)
         remaining = dataclasses.replace(options, time_limit_s=max(left_s, 1.0))
     start = best if warm_start else None
+    too_big = milp_memory_problem(inst.graph)
+    if too_big is not None:  # refused before it is built: the best schedule at hand answers
+        log.warning("checkmate %s: the full MILP is not built: %s", inst.graph.name, too_big)
+        extra["milp_refused"] = too_big
+        if best is None:
+            return _typed(_not_built(inst, solver, too_big, t_start, extra), extra)
+        out = _frontier_answer(
+            inst, solver, best, bound_s, options.rel_gap, extra, t_start, refused=too_big
+        )
+        return _typed(out, extra)
     out = _solve_milp(inst, solver, remaining, start, bound_s, progress, extra)
     extra["milp_solve_time_s"] = out.solve_time_s
     out.solve_time_s = time.perf_counter() - t_start  # the strategy's, heuristics included
@@ -129,6 +140,21 @@ def _infeasible(inst: Instance, solver: str, why: str, **fields) -> StrategyResu
         message=f"no schedule of {inst.graph.name!r} fits {int(inst.budget_bytes[0])} bytes: "
         + why,
         **fields,
+    )
+
+
+def _not_built(
+    inst: Instance, solver: str, why: str, t_start: float, extra: dict
+) -> StrategyResult:
+    return StrategyResult(
+        strategy="checkmate",
+        devices=inst.devices,
+        budget_bytes=inst.budget_bytes,
+        status="no_solution",
+        solver=solver,
+        solve_time_s=time.perf_counter() - t_start,
+        message=f"the full MILP was not built ({why}) and no other schedule fits",
+        extra=extra,
     )
 
 
@@ -238,15 +264,19 @@ def _frontier_answer(
     extra: dict,
     t_start: float,
     milp: StrategyResult | None = None,
+    refused: str | None = None,
 ) -> StrategyResult:
     """The best schedule at hand as Checkmate's answer: optimal when it meets the frontier
-    bound (no MILP run), else feasible (the MILP ran and found nothing better)."""
+    bound (no MILP run), else feasible (the MILP ran and found nothing better, or was
+    ``refused``: too large to build here)."""
     time_s = seed.sim.time_s
     bound = None if bound_s is None else min(bound_s, time_s)
     gap = relative_gap(time_s, bound)
     optimal = gap is not None and gap <= rel_gap
     extra["warm_start"] = extra.get("warm_start", seed.strategy)
-    if milp is None:
+    if refused is not None:
+        message = f"the full MILP was not built ({refused}); kept the {seed.strategy} schedule"
+    elif milp is None:
         message = (
             f"proven optimal by the frontier relaxation (xengine/strategies/frontier.py): the "
             f"{seed.strategy} schedule meets its bound, so the full MILP was not run"

@@ -30,6 +30,7 @@ from xengine.graph.types import Graph
 from xengine.problem import Instance
 from xengine.result import StrategyResult
 from xengine.simulate import keep_all_peak_bytes
+from xengine.strategies.model_size import available_host_bytes
 from xengine.units import format_bytes
 
 log = logging.getLogger(__name__)
@@ -88,16 +89,6 @@ def search_largest(fits: Callable[[int], bool], limit: int) -> tuple[int, int | 
 
 class TooLarge(RuntimeError):
     """A batch whose capture would not fit in the host's memory (it runs a plain step)."""
-
-
-def available_host_bytes() -> int:
-    """The host memory free now (Linux ``sysconf``), or a large number where unknown."""
-    import os
-
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return 2**62
 
 
 class Batches:
