@@ -199,6 +199,14 @@ def steps(out: Path, quick: bool) -> list[Step]:
             quick_s=15,
         ),
         Step(
+            "solver_scaling",
+            (f"{PY} experiments/solver_scaling.py",),
+            (f"{PY} experiments/solver_scaling.py --quick --out {out}/solver_scaling",),
+            ("solver_scaling/solver_scaling.png",),
+            full_s=2400,
+            quick_s=90,
+        ),
+        Step(
             "coarsening_h200",
             (
                 f"{PY} experiments/solver_benchmark.py --suite full --costs h200 --graphs "
