@@ -25,9 +25,8 @@ the best schedule so far was within that gap of the best proven bound so far, re
 strategy's progress reports. The figure marks two published or measured points of peers as
 such: HiRemate's ~2.5 h plan of a 2,500-node transformer (a hierarchical heuristic: no
 bound, so no gap), and MOCCASIN's code on Checkmate's ResNet-50 graph (353 nodes) at 70 %,
-which stopped at a 1.6 % gap after 600 s on a machine of this kind
-(../shared/reference/solver-calibration.md): it never reached 1 %, so the marker is a
-lower bound.
+which stopped at a 1.6 % gap after 600 s on a 2-core machine of this kind (OR-Tools 9.6, 2
+workers, the team's calibration notes): it never reached 1 %, so the marker is a lower bound.
 
     python experiments/solver_scaling.py --layers 6,12,24,48,77 --time-limit-s 240
     python experiments/solver_scaling.py --quick      # 2 sizes, 30 s each: a smoke run
