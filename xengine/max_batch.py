@@ -112,7 +112,7 @@ class Batches:
     def captured(self, batch: int) -> Any:
         if self._latest is not None and self._latest[0] == batch:
             return self._latest[1]
-        from xengine.profile.workspace import capture_net
+        from xengine.prepare import capture
 
         need, free = 2 * self.sample_bytes * batch, available_host_bytes()
         if need > free // 2:
@@ -123,17 +123,7 @@ class Batches:
         cfg = self.cfg
         self._latest = None  # the previous capture's memory is free before the next one
         log.info("capturing %s at batch %d", cfg.net, batch)
-        cap = capture_net(
-            cfg.net,
-            batch,
-            mode=cfg.mode,
-            image_size=cfg.image_size,
-            num_classes=cfg.num_classes,
-            seed=cfg.seed,
-            granularity=cfg.granularity,
-            num_layers=cfg.num_layers,
-            width=cfg.width,
-        )
+        cap = capture(cfg, batch)
         self._latest = (batch, cap)
         return cap
 

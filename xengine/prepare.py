@@ -105,8 +105,6 @@ def prepare(cfg: RunConfig) -> Prepared:
         _check_devices_exist(cfg)
         if cfg.profile_path is not None:
             profile = _read_profile(cfg.profile_path, cfg.devices, cfg)
-        from xengine.profile.workspace import capture_net
-
         log.info(
             "capturing %s (batch %d, %dx%d, %s)",
             cfg.net,
@@ -115,17 +113,7 @@ def prepare(cfg: RunConfig) -> Prepared:
             cfg.image_size,
             cfg.mode,
         )
-        captured = capture_net(
-            cfg.net,
-            cfg.batch_size,
-            mode=cfg.mode,
-            image_size=cfg.image_size,
-            num_classes=cfg.num_classes,
-            seed=cfg.seed,
-            granularity=cfg.granularity,
-            num_layers=cfg.num_layers,
-            width=cfg.width,
-        )
+        captured = capture(cfg, cfg.batch_size)
         graph = captured.graph
         if profile is not None:
             graph = _apply_read_profile(profile, graph)
@@ -160,6 +148,25 @@ def prepare(cfg: RunConfig) -> Prepared:
     start = StartState(captured.module) if captured is not None else None
     return Prepared(
         graph, budgets, keep_all, int(lower), known, captured, start, profile, by_device
+    )
+
+
+def capture(cfg: RunConfig, batch_size: int) -> Any:
+    """The net ``cfg`` names, captured at ``batch_size`` with every option the run sets (a
+    :class:`xengine.graph.capture.CapturedModel`); the largest-batch search captures again
+    at each batch through this too."""
+    from xengine.profile.workspace import capture_net
+
+    return capture_net(
+        cfg.net,
+        batch_size,
+        mode=cfg.mode,
+        image_size=cfg.image_size,
+        num_classes=cfg.num_classes,
+        seed=cfg.seed,
+        granularity=cfg.granularity,
+        num_layers=cfg.num_layers,
+        width=cfg.width,
     )
 
 
