@@ -148,20 +148,18 @@ class _Replay:
             raise ScheduleError(
                 f"stage {t}: node {t} ({self.names[t]}) is not computed on any device"
             )
-        alive = [set(np.flatnonzero(S[d, t]).tolist()) for d in range(D)]
-        alive_st = [set(np.flatnonzero(A[d, t]).tolist()) for d in range(D)]
         last = t + 1 >= n
-        keep_next = [set() if last else set(np.flatnonzero(S[d, t + 1]).tolist()) for d in range(D)]
-        keep_st = [set() if last else set(np.flatnonzero(A[d, t + 1]).tolist()) for d in range(D)]
-        _check_kept(R, t, alive, keep_next, alive_st, keep_st, self.names, self.dev)
+        _check_kept(R, S, A, t, self.names, self.dev)
+        # rows are 1-D bool: .nonzero()[0] is np.flatnonzero without its wrapping, which costs
+        # more than the search on graphs of a few hundred nodes
+        alive = [set(S[d, t].nonzero()[0].tolist()) for d in range(D)]
+        alive_st = [set(A[d, t].nonzero()[0].tolist()) for d in range(D)]
+        keep_next = [set() if last else set(S[d, t + 1].nonzero()[0].tolist()) for d in range(D)]
+        keep_st = [set() if last else set(A[d, t + 1].nonzero()[0].tolist()) for d in range(D)]
         self.alive, self.alive_st = alive, alive_st
         self.keep_next, self.keep_st = keep_next, keep_st
         self.alive_bytes = np.array(
-            [
-                sum(int(m[i]) for i in a) + sum(int(sb[i]) for i in b)
-                for a, b in zip(alive, alive_st, strict=True)
-            ],
-            dtype=np.int64,
+            [int(m[S[d, t]].sum()) + int(sb[A[d, t]].sum()) for d in range(D)], dtype=np.int64
         )
         comp_nodes = np.flatnonzero(R[:, t, : t + 1].any(axis=0))
         # last reader (by node index) of every value in this stage
@@ -346,28 +344,35 @@ def _check_structure(g, R: np.ndarray, S: np.ndarray, A: np.ndarray, names: list
         )
 
 
-def _check_kept(R, t, alive, keep_next, alive_st, keep_st, names, dev) -> None:
+def _check_kept(R, S, A, t, names, dev) -> None:
     """What stage ``t + 1`` keeps was on the device in stage ``t``; a state is not kept into a
-    stage that makes it anew."""
-    for d in range(len(alive)):
-        for i in keep_next[d]:
-            if i not in alive[d] and not R[d, t, i]:
+    stage that makes it anew. (Whole rows at once: the replay's cost on graphs of thousands of
+    nodes is in per-node loops like this one.)"""
+    last = t + 1 >= S.shape[1]
+    for d in range(S.shape[0]):
+        made = R[d, t]
+        if not last:
+            bad = S[d, t + 1] & ~S[d, t] & ~made
+            if bad.any():
+                i = int(bad.argmax())
                 raise ScheduleError(
                     f"stage {t + 1}: node {i} ({names[i]}) is kept on {dev[d]} but was "
                     f"neither resident nor computed there in stage {t}"
                 )
-        for i in keep_st[d]:
-            if i not in alive_st[d] and not R[d, t, i]:
+            bad = A[d, t + 1] & ~A[d, t] & ~made
+            if bad.any():
+                i = int(bad.argmax())
                 raise ScheduleError(
                     f"stage {t + 1}: the state of node {i} ({names[i]}) is kept on {dev[d]}, "
                     f"where {names[i]} has not run"
                 )
-        for i in alive_st[d]:
-            if R[d, t, i]:
-                raise ScheduleError(
-                    f"stage {t}: the state of node {i} ({names[i]}) is kept on {dev[d]} into a "
-                    f"stage that computes {names[i]} there again (which makes a new state)"
-                )
+        bad = A[d, t] & made
+        if bad.any():
+            i = int(bad.argmax())
+            raise ScheduleError(
+                f"stage {t}: the state of node {i} ({names[i]}) is kept on {dev[d]} into a "
+                f"stage that computes {names[i]} there again (which makes a new state)"
+            )
 
 
 def keep_all_peak_bytes(graph: Graph, device: str | None = None) -> int:
