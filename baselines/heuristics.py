@@ -21,6 +21,7 @@ makes CP-SAT useful on that graph (``experiments/solver_benchmark.py``).
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -231,7 +232,7 @@ def retention_matrix(graph: Graph, drop: np.ndarray) -> np.ndarray:
     return S
 
 
-def solve_recompute_greedy(inst: Instance) -> StrategyResult:
+def solve_recompute_greedy(inst: Instance, time_limit_s: float | None = None) -> StrategyResult:
     """Start from keep-everything and drop forward values one at a time until the schedule
     fits: each time the value whose drop adds the least simulated time per byte of peak memory
     it removes (:func:`retention_matrix` says how a dropped value is recomputed).
@@ -242,9 +243,16 @@ def solve_recompute_greedy(inst: Instance) -> StrategyResult:
     schedule and taken if it still beats the next stale score), which needs a few hundred
     simulations on resnet50 instead of one per value and step. A final pass keeps again every
     dropped value the budget can take back, the costliest first.
+
+    ``time_limit_s`` bounds the whole heuristic (its simulations are the cost: 471 s on a
+    1,549-node GPT-2 graph): a drop loop stopped by it before the schedule fits returns
+    ``infeasible`` with a message that says so; a later pass stopped by it keeps the best
+    schedule so far, which fits.
     """
     require_one_device(inst, "recompute_greedy")
     t0 = time.perf_counter()
+    deadline = None if time_limit_s is None else t0 + time_limit_s
+    stopped = False
     g, dev = inst.graph, inst.devices[0]
     bwd = np.array([v.kind == "bwd" for v in g.nodes], dtype=bool)
     m = g.output_bytes
@@ -272,6 +280,9 @@ def solve_recompute_greedy(inst: Instance) -> StrategyResult:
     heap = [(score(sim, u)[0], u) for u in cand] if not sim.within_budget else []
     heapq.heapify(heap)
     while not sim.within_budget and heap and heap[0][0] < math.inf:
+        if _past(deadline):
+            stopped = True
+            break
         _, u = heapq.heappop(heap)
         s, new_sched, new_sim = score(sim, u)
         if s < math.inf and (not heap or s <= heap[0][0]):
@@ -282,20 +293,79 @@ def solve_recompute_greedy(inst: Instance) -> StrategyResult:
     if sim.within_budget:
         cost = inst.compute_s[0]
         for u in sorted(np.flatnonzero(drop), key=lambda u: -cost[u] / max(int(m[u]), 1)):
+            if _past(deadline):
+                break
             drop[u] = False
             new_sched, new_sim = run(drop)
             if new_sim.within_budget and new_sim.time_s <= sim.time_s:
                 sched, sim = new_sched, new_sim
             else:
                 drop[u] = True
-    return evaluate(
-        inst,
-        "recompute_greedy",
-        sched,
-        t0,
-        sim=sim,
-        extra={"dropped": np.flatnonzero(drop).tolist(), "n_simulations": n_sims},
-    )
+    extra = {"dropped": np.flatnonzero(drop).tolist(), "n_simulations": n_sims}
+    res = evaluate(inst, "recompute_greedy", sched, t0, sim=sim, extra=extra)
+    if stopped:
+        res.message = (
+            f"stopped by its time limit ({time_limit_s:g} s) after {n_sims} simulations, "
+            f"before the schedule fit: {res.message}"
+        )
+    return res
+
+
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.perf_counter() >= deadline
+
+
+def hold_recomputations(
+    inst: Instance, sched: Schedule, sim: Simulation, deadline: float | None = None
+) -> tuple[Schedule, Simulation, int, int]:
+    """Keep a value from one of its computations to the next instead of making it again,
+    wherever the budget allows and the simulated time drops: ``(schedule, simulation,
+    values held, simulations run)``.
+
+    Why: a schedule made from a retention matrix (:func:`retention_matrix`, Chen's segments)
+    makes a dropped value's inputs again in every stage that needs them, because
+    :func:`xengine.checkpoints.solve_r_opt` keeps only what the matrix keeps. On GPT-2
+    (12 layers, 50 %) ``recompute_greedy`` drops a layer norm's output, and each of the two
+    backward stages that read it computes the residual sum and the attention (33 ms) under it
+    again: the attentions of 7 layers ran three times. Holding the value between the two
+    stages removes the second computation of it and of everything under it (3,584 -> 3,278
+    ms there, 444 simulations, 10 s; the frontier bound is 3,236 ms). Checkmate applies it to
+    its seed (:mod:`baselines.checkmate`); the heuristics' own results stay as published.
+
+    Each move sets ``S[t_a + 1 : t_b + 1, u]`` for two consecutive computations of ``u`` in
+    stages ``t_a < t_b``, lets :func:`~xengine.checkpoints.solve_r_opt` derive the least
+    ``R`` for it, and is kept when the simulator says it fits and is faster. The moves are
+    tried costliest value first, in passes until one changes nothing (or ``deadline``, a
+    :func:`time.perf_counter` time, passes). ``sched`` must fit; so does the result.
+    """
+    g, dev = inst.graph, inst.devices[0]
+    cost = inst.compute_s[0]
+    n_held = n_sims = 0
+    improved = True
+    while improved and not _past(deadline):
+        improved = False
+        R = sched.R[0]
+        moves = [
+            (-float(cost[u]), int(u), int(ta), int(tb))
+            for u in np.flatnonzero(R.sum(axis=0) >= 2)
+            for ta, tb in itertools.pairwise(np.flatnonzero(R[:, u]))
+        ]
+        for _, u, ta, tb in sorted(moves):
+            if _past(deadline):
+                break
+            R = sched.R[0]
+            if not (R[ta, u] and R[tb, u]):  # an earlier move changed these stages
+                continue
+            S = sched.S[0].copy()
+            S[ta + 1 : tb + 1, u] = True
+            new = solve_r_opt(g, S, dev, drop_unused=True)
+            new_sim = simulate(inst, new, check_budget=False)
+            n_sims += 1
+            if new_sim.within_budget and new_sim.time_s < sim.time_s * (1 - 1e-12):
+                sched, sim = new, new_sim
+                n_held += 1
+                improved = True
+    return sched, sim, n_held, n_sims
 
 
 HEURISTICS: dict[str, Callable[[Instance], StrategyResult]] = {
@@ -307,8 +377,25 @@ HEURISTICS: dict[str, Callable[[Instance], StrategyResult]] = {
 """Name -> heuristic, for the command line and the Checkmate warm start."""
 
 
-def run_heuristics(inst: Instance, names: Iterable[str] | None = None) -> list[StrategyResult]:
-    return [HEURISTICS[name](inst) for name in (names or HEURISTICS)]
+TIMED = frozenset({"recompute_greedy"})
+"""The heuristics that take a time limit (the others run a fixed, short sequence of
+simulations)."""
+
+
+def run_heuristics(
+    inst: Instance, names: Iterable[str] | None = None, time_limit_s: float | None = None
+) -> list[StrategyResult]:
+    """Each heuristic of ``names`` (default: all); ``time_limit_s`` bounds those in
+    :data:`TIMED`, each to the time left of it."""
+    t0 = time.perf_counter()
+    out = []
+    for name in names or HEURISTICS:
+        if name in TIMED and time_limit_s is not None:
+            left_s = max(time_limit_s - (time.perf_counter() - t0), 0.0)
+            out.append(HEURISTICS[name](inst, time_limit_s=left_s))
+        else:
+            out.append(HEURISTICS[name](inst))
+    return out
 
 
 def best_fitting(results: Iterable[StrategyResult]) -> StrategyResult | None:

@@ -472,7 +472,7 @@ def test_checkmate_reports_model_size_and_warm_start():
     g = chain(6)
     res = solve_checkmate(_inst(g, 6000), options=OPTS, frontier=False)
     assert res.n_vars > 0 and res.n_rows > 0 and res.n_integer > 0
-    assert res.warm_start in HEURISTICS
+    assert res.warm_start.removesuffix("+held") in HEURISTICS
     assert res.gap is not None and res.gap <= 1e-6
     cold = solve_checkmate(_inst(g, 6000), options=OPTS, warm_start=False, frontier=False)
     assert cold.warm_start is None
@@ -588,3 +588,73 @@ def test_the_milps_live_bound_is_never_below_the_proven_one():
     report(2.0, 6.0, 5.5)  # its bound, 11 s, is above it
     report(3.0, None, None)
     assert seen == [(1.0, 12.0, 10.0), (2.0, 12.0, 11.0), (3.0, None, 10.0)]
+
+
+# ----------------------------------------------------------------------------- holding, limits
+@pytest.mark.parametrize("budget", [4000, 7000])
+def test_holding_lowers_the_time_of_a_schedule_and_keeps_its_budget(budget):
+    # no forward checkpoints: every backward stage makes the chain again from its input, so
+    # holding values between those stages is all there is to gain
+    from baselines.heuristics import hold_recomputations
+
+    g = chain(8)
+    inst = _inst(g, budget)
+    frugal = schedule_from_checkpoints(g, (), DEV)
+    sim = simulate(inst, frugal)
+    sched, held, n_held, n_sims = hold_recomputations(inst, frugal, sim)
+    assert n_held >= 1 and n_sims >= n_held
+    assert held.time_s < sim.time_s
+    again = simulate(inst, sched)  # a valid schedule within the budget (raises otherwise)
+    assert again.time_s == pytest.approx(held.time_s, rel=1e-12)
+    assert _peak(again) <= budget
+    opt = solve_checkmate(inst, options=OPTS)
+    assert opt.status == "optimal" and held.time_s >= opt.sim.time_s - 1e-9
+
+
+def test_holding_stops_at_its_deadline():
+    from baselines.heuristics import hold_recomputations
+
+    g = chain(8)
+    inst = _inst(g, 7000)
+    frugal = schedule_from_checkpoints(g, (), DEV)
+    sim = simulate(inst, frugal)
+    sched, held, n_held, n_sims = hold_recomputations(inst, frugal, sim, deadline=0.0)
+    assert (n_held, n_sims) == (0, 0) and sched is frugal and held is sim
+
+
+def test_checkmate_holds_its_seed_and_labels_it():
+    import time
+
+    from baselines.checkmate import _held
+    from baselines.heuristics import evaluate
+
+    g = chain(8)
+    inst = _inst(g, 7000)
+    seed = evaluate(inst, "no_checkpoints", schedule_from_checkpoints(g, (), DEV), 0.0)
+    extra = {}
+    out = _held(inst, seed, time.perf_counter() + 60, extra)
+    assert out.strategy == "no_checkpoints+held" and out.sim.within_budget
+    assert out.sim.time_s < seed.sim.time_s
+    info = extra["seed_held"]
+    assert info["from"] == "no_checkpoints" and info["n_held"] >= 1
+    assert info["time_s"] == pytest.approx(out.sim.time_s)
+
+
+def test_recompute_greedy_stopped_by_its_limit_says_so():
+    g = chain(8)
+    res = solve_recompute_greedy(_inst(g, 7000), time_limit_s=0.0)
+    assert res.status == "infeasible"
+    assert res.message.startswith("stopped by its time limit (0 s)")
+    # without a limit it fits
+    assert solve_recompute_greedy(_inst(g, 7000)).status == "feasible"
+
+
+def test_run_heuristics_hands_its_limit_to_the_timed_ones():
+    from baselines.heuristics import TIMED, run_heuristics
+
+    g = chain(8)
+    out = {r.strategy: r for r in run_heuristics(_inst(g, 7000), time_limit_s=0.0)}
+    assert set(out) == set(HEURISTICS)
+    for name in TIMED:
+        assert out[name].message.startswith("stopped by its time limit")
+    assert out["chen_greedy"].status == "feasible"  # untimed: runs as before
