@@ -52,12 +52,8 @@ def _consistent(model, res) -> bool:
 FRONTIER_SHARE = 0.5
 """Share of the time limit the frontier relaxation may use before the full MILP starts."""
 HEURISTIC_SHARE = 0.25
-"""Share of the time limit the seed (the heuristics, then :func:`_held`) may use; the
-heuristics that take a limit get half of it, so that holding always has time
-(``recompute_greedy`` alone took 471 s on a 1,549-node GPT-2 graph, past a 240 s limit, and
-holding the recomputations of ``chen_greedy``'s schedule there takes 21.56 s to 11.06 s).
-When the full MILP will not be built (:func:`milp_memory_problem`, known from the graph's size
-before anything runs), the seed has the MILP's share too: ``1 - FRONTIER_SHARE``."""
+"""Share of the time limit the seeding heuristics may use (``recompute_greedy`` alone took
+471 s on a 1,549-node GPT-2 graph, past a 240 s limit)."""
 
 
 def solve_checkmate(
@@ -98,10 +94,8 @@ def solve_checkmate(
     if answer is not None:  # nothing to solve
         return answer
 
-    too_big = milp_memory_problem(inst.graph)  # from the graph's size: known before solving
-    share = HEURISTIC_SHARE if too_big is None else 1 - FRONTIER_SHARE
-    seed_s = None if options.time_limit_s is None else options.time_limit_s * share
-    best, extra = _heuristic_seed(inst, seed_s)
+    heuristics_s = None if options.time_limit_s is None else options.time_limit_s * HEURISTIC_SHARE
+    best, extra = _heuristic_seed(inst, heuristics_s)
     if not warm_start:
         best = None
     bound_s = None
@@ -114,15 +108,12 @@ def solve_checkmate(
         left_s = options.time_limit_s - (time.perf_counter() - t_start)
         remaining = dataclasses.replace(options, time_limit_s=max(left_s, 1.0))
     start = best if warm_start else None
+    too_big = milp_memory_problem(inst.graph)
     if too_big is not None:  # refused before it is built: the best schedule at hand answers
         log.warning("checkmate %s: the full MILP is not built: %s", inst.graph.name, too_big)
         extra["milp_refused"] = too_big
         if best is None:
             return _typed(_not_built(inst, solver, too_big, t_start, extra), extra)
-        once_s = float(inst.compute_s[0].sum())
-        if bound_s is None or bound_s < once_s:
-            bound_s = once_s  # weaker, but some bound: the relaxation gave none in its time
-            extra["bound_from"] = EVERY_OP_ONCE
         out = _frontier_answer(
             inst, solver, best, bound_s, options.rel_gap, extra, t_start, refused=too_big
         )
@@ -177,12 +168,11 @@ def _heuristic_seed(
 ) -> tuple[StrategyResult | None, dict]:
     """The fastest heuristic schedule that fits, with its recomputations held where that
     helps (:func:`_held`): the solve's start; and what each heuristic gave. ``time_limit_s``
-    bounds the heuristics and the holding pass together; the heuristics that take a limit get
-    half of it."""
+    bounds the heuristics that take a limit and the holding pass together."""
     g = inst.graph
     t_heur = time.perf_counter()
     deadline = None if time_limit_s is None else t_heur + time_limit_s
-    heur = run_heuristics(inst, time_limit_s=None if time_limit_s is None else time_limit_s / 2)
+    heur = run_heuristics(inst, time_limit_s=time_limit_s)
     seed = best_fitting(heur)
     extra: dict = {}
     if seed is None:
@@ -241,11 +231,6 @@ def _held(
 HELD = "+held"
 """Suffix of a seed improved by :func:`_held`."""
 FRONTIER = "frontier"
-EVERY_OP_ONCE = "every_op_once"
-"""``extra["bound_from"]`` when the bound is the sum of all ops' costs: every schedule runs each
-op at least once, so it holds for any one-device schedule (it equals the MILP's LP bound on
-GPT-2, 12 layers: 2,964.57 ms), and it is what remains when the MILP is not built and the
-frontier relaxation gives no bound in its time."""
 """The label of a schedule read from the frontier relaxation's solution."""
 
 
@@ -334,8 +319,6 @@ def _frontier_answer(
     extra["warm_start"] = extra.get("warm_start", seed.strategy)
     if refused is not None:
         message = f"the full MILP was not built ({refused}); kept the {seed.strategy} schedule"
-        if extra.get("bound_from") == EVERY_OP_ONCE:
-            message += "; its bound is every op run once (the frontier relaxation gave none)"
     elif milp is None:
         message = (
             f"proven optimal by the frontier relaxation (xengine/strategies/frontier.py): the "

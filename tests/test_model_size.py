@@ -45,39 +45,6 @@ def test_checkmate_refuses_the_milp_and_keeps_its_start(monkeypatch):
     assert res.status == "feasible" and res.schedule is not None
     assert "the full MILP was not built" in res.message and "1.0 MiB free" in res.message
     assert res.sim.within_budget and "milp_refused" in res.extra
-    # no relaxation ran: the bound is every op once, a bound of any schedule
-    assert res.extra["bound_from"] == "every_op_once" and "every op run once" in res.message
-    assert res.best_bound_s == pytest.approx(float(inst.compute_s[0].sum()), rel=1e-12)
-    assert res.best_bound_s <= res.sim.time_s and res.gap == pytest.approx(
-        (res.sim.time_s - res.best_bound_s) / res.sim.time_s, rel=1e-9
-    )
-
-
-@pytest.mark.parametrize("refused", [False, True])
-def test_the_seed_has_the_milps_share_when_the_milp_will_not_be_built(monkeypatch, refused):
-    import baselines.checkmate as checkmate
-
-    limits = {}
-    real_seed, real_heuristics = checkmate._heuristic_seed, checkmate.run_heuristics
-
-    def seed(inst, time_limit_s=None):
-        limits["seed"] = time_limit_s
-        return real_seed(inst, time_limit_s)
-
-    def heuristics(inst, names=None, time_limit_s=None):
-        limits["heuristics"] = time_limit_s
-        return real_heuristics(inst, names, time_limit_s)
-
-    monkeypatch.setattr(checkmate, "_heuristic_seed", seed)
-    monkeypatch.setattr(checkmate, "run_heuristics", heuristics)
-    if refused:
-        monkeypatch.setattr(model_size, "available_host_bytes", lambda: 2**20)
-    inst = _inst(tiny(), share=0.9)
-    options = checkmate.SolverOptions(time_limit_s=100.0)
-    res = solve_checkmate(inst, options=options, frontier=False)
-    share = 1 - checkmate.FRONTIER_SHARE if refused else checkmate.HEURISTIC_SHARE
-    assert limits == {"seed": 100.0 * share, "heuristics": 50.0 * share}
-    assert ("milp_refused" in res.extra) == refused and res.sim.within_budget
 
 
 def test_checkmate_refused_without_a_start_says_so(monkeypatch):
