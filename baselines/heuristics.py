@@ -232,7 +232,9 @@ def retention_matrix(graph: Graph, drop: np.ndarray) -> np.ndarray:
     return S
 
 
-def solve_recompute_greedy(inst: Instance, time_limit_s: float | None = None) -> StrategyResult:
+def solve_recompute_greedy(
+    inst: Instance, time_limit_s: float | None = None, hold: bool = False
+) -> StrategyResult:
     """Start from keep-everything and drop forward values one at a time until the schedule
     fits: each time the value whose drop adds the least simulated time per byte of peak memory
     it removes (:func:`retention_matrix` says how a dropped value is recomputed).
@@ -248,6 +250,11 @@ def solve_recompute_greedy(inst: Instance, time_limit_s: float | None = None) ->
     1,549-node GPT-2 graph): a drop loop stopped by it before the schedule fits returns
     ``infeasible`` with a message that says so; a later pass stopped by it keeps the best
     schedule so far, which fits.
+
+    ``hold=True`` then holds its recomputations (:func:`hold_recomputations`, within the same
+    limit) and labels the result ``recompute_greedy+held``: what XEngine's protocol takes as a
+    start on each device alone (:mod:`xengine.protocol`). The strategy itself, as run and
+    reported, does not hold.
     """
     require_one_device(inst, "recompute_greedy")
     t0 = time.perf_counter()
@@ -308,6 +315,12 @@ def solve_recompute_greedy(inst: Instance, time_limit_s: float | None = None) ->
             f"stopped by its time limit ({time_limit_s:g} s) after {n_sims} simulations, "
             f"before the schedule fit: {res.message}"
         )
+    if hold and sim.within_budget:
+        sched, sim, n_held, n_hold_sims = hold_recomputations(inst, sched, sim, deadline)
+        if n_held:
+            extra.update(n_held=n_held, n_simulations=n_sims + n_hold_sims)
+            extra["unheld_time_s"] = res.sim.time_s
+            res = evaluate(inst, "recompute_greedy+held", sched, t0, sim=sim, extra=extra)
     return res
 
 

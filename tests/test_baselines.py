@@ -658,3 +658,18 @@ def test_run_heuristics_hands_its_limit_to_the_timed_ones():
     for name in TIMED:
         assert out[name].message.startswith("stopped by its time limit")
     assert out["chen_greedy"].status == "feasible"  # untimed: runs as before
+
+
+def test_recompute_greedy_holds_on_request_only():
+    # chain(8) at half of keep-everything: the greedy recomputes a value's inputs in two
+    # stages (33 s); held, 31 s. The strategy as run and reported does not hold.
+    g = chain(8)
+    inst = _inst(g, keep_all_peak_bytes(g) // 2)
+    plain = solve_recompute_greedy(inst)
+    held = solve_recompute_greedy(inst, hold=True)
+    assert plain.strategy == "recompute_greedy" and plain.status == "feasible"
+    assert held.strategy == "recompute_greedy+held" and held.extra["n_held"] >= 1
+    assert held.sim.time_s < plain.sim.time_s
+    assert held.extra["unheld_time_s"] == pytest.approx(plain.sim.time_s, rel=1e-12)
+    again = simulate(inst, held.schedule)  # valid and within the budget (raises otherwise)
+    assert again.time_s == pytest.approx(held.sim.time_s, rel=1e-12)
