@@ -12,6 +12,7 @@ from baselines.checkmate import solve_checkmate
 from xengine.graph.synthetic import training_graph
 from xengine.problem import Instance
 from xengine.simulate import keep_all_peak_bytes
+from xengine.solvers import SolverOptions
 from xengine.strategies.formulation import build
 
 
@@ -53,3 +54,37 @@ def test_checkmate_refused_without_a_start_says_so(monkeypatch):
     res = solve_checkmate(inst, frontier=False)
     assert res.status == "no_solution" and res.schedule is None
     assert "the full MILP was not built" in res.message and "1.0 MiB free" in res.message
+
+
+def _two(cap, share=0.6):
+    g = costed(cap.graph, ["cpu", "cpu1"])
+    b = int(share * keep_all_peak_bytes(g, "cpu"))
+    return Instance(g, ("cpu", "cpu1"), (b, b))
+
+
+@pytest.mark.parametrize("cap", [tiny, resnet18_small], ids=["tiny", "resnet18"])
+def test_the_estimate_covers_xengines_model_on_two_devices(cap):
+    # measured: 1.08 (tiny) and 1.11 (resnet18) of the model built, before the tight-rows factor
+    inst = _two(cap())
+    nnz = build(inst, mode="exact", free_rows="tight").model.A.nnz
+    est = model_size.milp_nonzeros(inst.graph, n_devices=2, tight_rows=True)
+    assert nnz <= est <= 1.2 * nnz, (nnz, est)
+
+
+def test_xengine_refuses_its_model_and_keeps_the_start(monkeypatch):
+    from baselines.heuristics import solve_recompute_greedy
+    from xengine.strategies.solve import solve_xengine
+
+    inst = _two(tiny(), share=0.9)  # a heuristic fits at 90 % (above)
+    alone = solve_recompute_greedy(inst.only_device(0, int(inst.budget_bytes[0])))
+    assert alone.status == "feasible" and alone.sim.n_recomputes > 0  # slower than the bound
+    start = alone.schedule.on_devices(inst.devices)
+    monkeypatch.setattr(model_size, "available_host_bytes", lambda: 2**20)  # 1 MiB free
+    res = solve_xengine(inst, warm_start=start, options=SolverOptions())
+    assert res.status == "feasible" and res.schedule is start
+    assert "XEngine's model was not built" in res.message and "over 2 devices" in res.message
+    assert "1.0 MiB free" in res.extra["milp_refused"] and res.n_vars is None
+    assert res.sim.within_budget and res.best_bound_s is not None  # the placement bound
+    cold = solve_xengine(inst, options=SolverOptions())
+    assert cold.status == "no_solution" and cold.schedule is None
+    assert "no start fits" in cold.message

@@ -16,6 +16,7 @@ from xengine.simulate import ScheduleError, simulate
 from xengine.solvers import QUADRATIC_CAPABLE, SolverOptions, SolverUnavailable, solve
 from xengine.solvers.model import relative_gap
 from xengine.strategies.formulation import Formulation, build, default_free_rows
+from xengine.strategies.model_size import milp_memory_problem
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +107,10 @@ def solve_xengine(
     build_options = dict(build_options or {})
     if formulation == "exact":
         build_options.setdefault("free_rows", default_free_rows(solver))
+        tight = build_options["free_rows"] == "tight"
+        too_big = milp_memory_problem(inst.graph, n_devices=inst.n_devices, tight_rows=tight)
+        if too_big is not None:
+            return _not_built(inst, solver, options, warm_start, strategy, too_big, t0)
     form = builder(inst, mode=formulation, linearize=linearize, **build_options)
     if placement is not None:
         _restrict(form, placement)
@@ -174,6 +179,42 @@ def solve_xengine(
         formulation == "exact",
         time.perf_counter() - t0,
     )
+    return res
+
+
+def _not_built(
+    inst: Instance,
+    solver: str,
+    options: SolverOptions,
+    start: Schedule | None,
+    strategy: str,
+    why: str,
+    t0: float,
+) -> StrategyResult:
+    """The answer when the model would not fit in the host's memory
+    (:mod:`xengine.strategies.model_size`, issue 30 item 5): refused before it is built, the
+    start (when it fits) is kept, with the placement bound beside it."""
+    log.warning("%s %s: the model is not built: %s", strategy, inst.graph.name, why)
+    res = StrategyResult(
+        strategy=strategy,
+        devices=inst.devices,
+        budget_bytes=inst.budget_bytes,
+        status="no_solution",
+        solver=solver,
+        message=f"XEngine's model was not built ({why}) and no start fits",
+        extra={"milp_refused": why},
+    )
+    sim = None
+    if start is not None:
+        try:
+            sim = simulate(inst, start, check_budget=False)
+        except ScheduleError:
+            sim = None
+    if sim is not None and sim.within_budget:
+        res.status, res.schedule, res.sim, res.objective_s = "feasible", start, sim, sim.time_s
+        res.message = f"XEngine's model was not built ({why}); kept the start"
+        _tighten_with_placement_bound(res, inst, options)
+    res.solve_time_s = time.perf_counter() - t0
     return res
 
 
