@@ -14,8 +14,8 @@ XEngine's model over D devices grows as D^2 (copies between every pair of device
 the tight FREE rows it uses, tiny and resnet18 at 64 px had 0.95-0.96 x 7.9 n E nonzeros on
 one device, 3.5x that on two and 6.6-6.7x on three; GPT-2 with 12 layers had 9,381,571 on two
 devices, 3.74x the one-device estimate. So the estimate for D devices is 7.9 n E D^2, times
-:data:`TIGHT_ROWS_FACTOR` for the tight rows: 1.13-1.17x the model built on two devices,
-1.34-1.38x on three.
+:data:`TIGHT_ROWS_FACTOR` for the tight rows: 1.13-1.18x the model built on two devices,
+1.36-1.39x on three.
 """
 
 from __future__ import annotations
