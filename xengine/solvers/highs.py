@@ -13,9 +13,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 
 import numpy as np
 
+from xengine.solvers.highs_process import solve_in_process, uses_own_process
 from xengine.solvers.model import (
     SOLUTION_STATUSES,
     Backend,
@@ -160,9 +162,10 @@ def _pass_model(h, highspy, model: MilpModel, options: SolverOptions) -> None:
     h.passModel(lp)
 
 
-def _subscribe(h, t0: float, first: list[float], progress, relax: bool) -> None:
+def _subscribe(h, t0: float, first: list[float], progress, relax: bool, on_incumbent) -> None:
     """Callbacks: every improving incumbent (its time noted in ``first``, so that
-    ``time_to_first_s`` is known without ``progress``) and, with ``progress`` on a MIP, the
+    ``time_to_first_s`` is known without ``progress``; its values to ``on_incumbent``, when
+    given, before ``progress`` sees its objective) and, with ``progress`` on a MIP, the
     bound's moves between incumbents, which a long solve's gap over time needs (issue 5's
     time-to-gap figures), at most once every :data:`BOUND_REPORT_INTERVAL_S`."""
 
@@ -172,6 +175,8 @@ def _subscribe(h, t0: float, first: list[float], progress, relax: bool) -> None:
             first.append(el)
         obj = float(e.data_out.objective_function_value)
         bound = float(e.data_out.mip_dual_bound)
+        if on_incumbent is not None:
+            on_incumbent(np.array(e.data_out.mip_solution, dtype=float))
         if progress is not None:
             progress(el, obj, bound)
 
@@ -203,6 +208,7 @@ def _solve_again(
     progress: ProgressFn | None,
     elapsed: float,
     first_bound: float,
+    on_incumbent: Callable[[np.ndarray], None] | None = None,
 ) -> SolveResult:
     """The model solved again with presolve off, in what is left of the time limit, after
     HiGHS reported one objective and handed back its MIP start (HiGHS 1.16, seen on small
@@ -213,7 +219,9 @@ def _solve_again(
     if options.time_limit_s is not None:
         left_s = max(float(options.time_limit_s) - elapsed, 1.0)
         left = dataclasses.replace(options, time_limit_s=left_s)
-    again = solve_highs(model, left, warm_start, progress, _presolve=False)
+    again = solve_highs(
+        model, left, warm_start, progress, _presolve=False, on_incumbent=on_incumbent
+    )
     again.solve_time_s += elapsed
     if np.isfinite(first_bound) and (again.best_bound is None or first_bound > again.best_bound):
         again.best_bound = first_bound
@@ -276,11 +284,16 @@ def solve_highs(
     warm_start: np.ndarray | None = None,
     progress: ProgressFn | None = None,
     _presolve: bool = True,
+    on_incumbent: Callable[[np.ndarray], None] | None = None,
+    _in_child: bool = False,
 ) -> SolveResult:
     """Solve with HiGHS (module docstring). Options: ``time_limit``, ``mip_rel_gap``,
     ``threads``, ``random_seed``, ``output_flag``; ``relax`` drops integrality (with
     ``lp_method="ipm"``: interior point without crossover). ``warm_start`` is the MIP start.
-    ``_presolve=False`` is the second solve of :func:`_solve_again`."""
+    ``_presolve=False`` is the second solve of :func:`_solve_again`. A large MIP with a time
+    limit runs in a process of its own, which the limit can end
+    (:mod:`xengine.solvers.highs_process`; ``_in_child``: this is that process);
+    ``on_incumbent`` gets each improving incumbent's values."""
     try:
         import highspy
     except ImportError as exc:  # pragma: no cover - highspy is a hard dependency
@@ -292,12 +305,14 @@ def solve_highs(
             "HiGHS cannot take products of variables; build the linearised model "
             "(formulation mode=paper linearises automatically for solver=highs)"
         )
+    if not _in_child and _presolve and uses_own_process(model, options):
+        return solve_in_process(model, options, warm_start, progress)
     h = _new_highs(highspy)
     _configure(h, highspy, options, _presolve)
     _pass_model(h, highspy, model, options)
     t0 = time.perf_counter()
     first: list[float] = []
-    _subscribe(h, t0, first, progress, options.relax)
+    _subscribe(h, t0, first, progress, options.relax, on_incumbent)
     if warm_start is not None and not options.relax:
         sol = highspy.HighsSolution()
         sol.col_value = list(np.asarray(warm_start, dtype=float))
@@ -323,7 +338,13 @@ def solve_highs(
         )
         if _presolve:
             return _solve_again(
-                model, options, warm_start, progress, elapsed, float(info.mip_dual_bound)
+                model,
+                options,
+                warm_start,
+                progress,
+                elapsed,
+                float(info.mip_dual_bound),
+                on_incumbent,
             )
         # still inconsistent: keep the start, which is a real feasible point, at its true cost,
         # and do not call it optimal
