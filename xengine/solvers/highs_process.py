@@ -5,7 +5,7 @@ only. On models of 400k-1.1M variables its presolve and the work before the root
 minutes past both (GPT-2, 12 layers, 50 %: the MILP was given about 70 s and took 218 s, so
 the strategy took 412 s under a 300 s limit; docs/measurements.md, "Repeated at 11cbf50").
 A thread cannot be stopped from outside, a process can: :func:`solve_in_process` writes the
-model to a temporary folder, runs ``python -m xengine.solvers.highs_process FOLDER`` (which
+model to a temporary folder, runs :func:`main` on it in a new Python process (which
 solves it with :func:`xengine.solvers.highs.solve_highs` as in-process), forwards the child's
 progress lines to ``progress`` and keeps every improving incumbent the child writes. A child
 still running :data:`KILL_GRACE_S` after its own cancel should have ended it is killed; the
@@ -104,9 +104,16 @@ def solve_in_process(
         return _after_kill(folder, model, options, warm_start, watch, elapsed)
 
 
+_CHILD = (
+    f"import sys; from pathlib import Path; from {__name__} import main; main(Path(sys.argv[1]))"
+)
+"""The child's program (not ``-m``: the package imports this module before ``-m`` would run
+it, and runpy warns)."""
+
+
 def _command(folder: Path) -> list[str]:
-    """The child's command line: this module run on ``folder``."""
-    return [sys.executable, "-m", __name__, str(folder)]
+    """The child's command line: :func:`main` on ``folder``."""
+    return [sys.executable, "-c", _CHILD, str(folder)]
 
 
 def _cancel_grace_s() -> float:
@@ -296,7 +303,3 @@ def main(folder: Path) -> None:
     np.savez(tmp, meta=np.asarray(json.dumps(meta)), **arrays)
     os.replace(tmp, folder / _RESULT)
     events.close()
-
-
-if __name__ == "__main__":
-    main(Path(sys.argv[1]))
