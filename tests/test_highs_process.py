@@ -4,6 +4,8 @@ in for HiGHS stuck in presolve)."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import sys
 import time
 
@@ -103,3 +105,41 @@ def test_a_child_that_fails_is_an_error_with_its_exit_code(monkeypatch):
     )
     res = solve_in_process(knapsack(), SolverOptions(time_limit_s=30))
     assert res.status == "error" and "exit code 7" in res.message
+
+
+def test_an_interrupt_ends_the_child(monkeypatch):
+    _stuck_child(monkeypatch, None)
+    children = []
+    real_popen = subprocess.Popen
+
+    def popen(*args, **kwargs):
+        children.append(real_popen(*args, **kwargs))
+        return children[-1]
+
+    def interrupt(_signum, _frame):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(highs_process.subprocess, "Popen", popen)
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 1.0)
+        with pytest.raises(KeyboardInterrupt):
+            solve_in_process(knapsack(), SolverOptions(time_limit_s=60))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert children and children[0].poll() is not None  # ended, not left running
+
+
+def test_the_child_exits_when_its_parent_is_gone(tmp_path):
+    m = hard_knapsack()  # about 18 s of HiGHS on one core
+    highs_process._write(tmp_path, m, SolverOptions(time_limit_s=120), None, time.time() + 120)
+    child = subprocess.Popen(
+        highs_process._command(tmp_path), stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    time.sleep(1.0)
+    t0 = time.perf_counter()
+    child.stdin.close()  # what the parent's death does to the pipe
+    assert child.wait(timeout=30) == 3
+    assert time.perf_counter() - t0 < 10
+    child.stdout.close()
