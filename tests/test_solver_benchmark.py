@@ -229,3 +229,19 @@ def test_runs_made_side_by_side_merge_into_one_table(tmp_path):
     assert {t["formulation"] for t in trace} == {"default", "reference"}
     with pytest.raises(SystemExit):  # a folder without a run is refused, not skipped
         solver_benchmark.main(["--merge", str(tmp_path / "nothing"), f"--out={merged}"])
+
+
+def test_solver_scaling_counts_the_memory_of_child_processes():
+    """HiGHS's large MILPs run in a child process (xengine/solvers/highs_process.py): the
+    scaling rows' peak memory must include it, not only the worker's own."""
+    import os
+    import subprocess
+
+    from experiments.solver_scaling import _rss_bytes, _TreePeak
+
+    own_bytes = _rss_bytes(os.getpid())
+    tree = _TreePeak()
+    hold = "import numpy as np, time; a = np.ones(50_000_000); time.sleep(1.5)"  # 400 MB
+    subprocess.run([sys.executable, "-c", hold], check=True)
+    peak = tree.stop()
+    assert peak >= own_bytes + 350 * 2**20
