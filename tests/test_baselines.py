@@ -640,6 +640,19 @@ def test_checkmate_holds_its_seed_and_labels_it():
     assert info["time_s"] == pytest.approx(out.sim.time_s)
 
 
+def test_the_seed_is_held_for_its_own_share_after_the_heuristics_used_theirs():
+    # GPT-2, 24 layers: the heuristics left the holding pass 6-9 s of their share; it needs
+    # about 60 s (baselines/checkmate.py, HOLD_SHARE)
+    from baselines.checkmate import _heuristic_seed
+
+    inst = _inst(chain(8), 7000)
+    _, squeezed = _heuristic_seed(inst, time_limit_s=0.0)
+    seed, own = _heuristic_seed(inst, time_limit_s=0.0, hold_s=60.0)
+    assert squeezed["seed_held"]["n_held"] == 0  # its deadline had passed
+    assert own["seed_held"]["n_held"] >= 1 and seed.strategy.endswith("+held")
+    assert seed.sim.time_s < own["seed_held"]["from_time_s"]
+
+
 def test_recompute_greedy_stopped_by_its_limit_says_so():
     g = chain(8)
     res = solve_recompute_greedy(_inst(g, 7000), time_limit_s=0.0)
