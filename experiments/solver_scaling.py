@@ -384,7 +384,8 @@ def plot(rows: list[dict], path: Path) -> None:
     """Time to a 1 % gap against nodes: filled where reached, hollow at the wall time where
     not (labelled with the gap it ended at), peers' points in grey."""
     fig, ax = plt.subplots(figsize=(8, 5))
-    for strategy, color in zip(STRATEGIES, ("#1f77b4", "#d62728"), strict=True):
+    styles = (("#1f77b4", (4, 4)), ("#d62728", (4, -11)))  # labels above / below the point
+    for strategy, (color, offset) in zip(STRATEGIES, styles, strict=True):
         pts = sorted((r for r in rows if r["strategy"] == strategy), key=lambda r: r["n_nodes"])
         if not pts:
             continue
@@ -398,7 +399,9 @@ def plot(rows: list[dict], path: Path) -> None:
                 gap = r.get("gap_pct")
                 text = f"{gap:.1f} %" if gap is not None else "no bound"
                 text = "killed" if r["status"] == "error" else text
-                ax.annotate(text, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+                ax.annotate(
+                    text, (x, y), textcoords="offset points", xytext=offset, fontsize=7, color=color
+                )
     for label, x, y, marker in PEERS:
         ax.plot(x, y, marker, color="0.4", ms=9, label=label, ls="none")
     ax.set_xscale("log")
