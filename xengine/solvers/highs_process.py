@@ -92,7 +92,7 @@ def solve_in_process(
             child.wait()
             child.stdin.close()
         elapsed = time.perf_counter() - t0
-        if not killed and (folder / _RESULT).exists():
+        if (folder / _RESULT).exists():  # written whole (renamed into place), even if killed
             return _read_result(folder, watch, elapsed)
         if not killed:
             return SolveResult.failed(
