@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.test_solvers import KNAPSACK_OPT, hard_knapsack, knapsack, run
-from xengine.solvers import SolverOptions, highs, highs_process
+from xengine.solvers import SolverOptions, highs_process
 from xengine.solvers.highs_process import solve_in_process, uses_own_process
 
 
@@ -68,7 +68,6 @@ def _stuck_child(monkeypatch, incumbent):
         highs_process, "_command", lambda folder: [sys.executable, "-c", code, str(folder)]
     )
     monkeypatch.setattr(highs_process, "KILL_GRACE_S", 0.5)
-    monkeypatch.setattr(highs, "DEADLINE_GRACE_S", 0.5)
 
 
 def test_a_child_that_does_not_stop_is_ended_and_its_incumbent_kept(monkeypatch):
@@ -77,7 +76,9 @@ def test_a_child_that_does_not_stop_is_ended_and_its_incumbent_kept(monkeypatch)
     _stuck_child(monkeypatch, x)
     seen = []
     t0 = time.perf_counter()
-    res = solve_in_process(m, SolverOptions(time_limit_s=1.0), progress=lambda *a: seen.append(a))
+    res = solve_in_process(
+        m, SolverOptions(time_limit_s=1.0), progress=lambda *a: seen.append(a), cancel_grace_s=0.5
+    )
     took = time.perf_counter() - t0
     assert 2.0 <= took < 6.0  # limit 1 s + 0.5 + 0.5 graces, plus starting the child
     assert res.status == "feasible"
@@ -92,10 +93,12 @@ def test_without_an_incumbent_the_start_is_kept_or_nothing(monkeypatch):
     m = knapsack()
     _stuck_child(monkeypatch, None)
     start = np.array([0.0, 1, 0, 0, 1, 1])  # 13 + 9 + 4
-    res = solve_in_process(m, SolverOptions(time_limit_s=0.5), warm_start=start)
+    res = solve_in_process(m, SolverOptions(time_limit_s=0.5), warm_start=start, cancel_grace_s=0.5)
     assert res.status == "feasible" and res.objective == pytest.approx(KNAPSACK_OPT)
     assert "the MIP start" in res.message
-    bad = solve_in_process(m, SolverOptions(time_limit_s=0.5), warm_start=np.ones(6))
+    bad = solve_in_process(
+        m, SolverOptions(time_limit_s=0.5), warm_start=np.ones(6), cancel_grace_s=0.5
+    )
     assert bad.status == "no_solution" and bad.x is None and bad.objective is None
 
 

@@ -306,7 +306,7 @@ def solve_highs(
             "(formulation mode=paper linearises automatically for solver=highs)"
         )
     if not _in_child and _presolve and uses_own_process(model, options):
-        return solve_in_process(model, options, warm_start, progress)
+        return solve_in_process(model, options, warm_start, progress, DEADLINE_GRACE_S)
     h = _new_highs(highspy)
     _configure(h, highspy, options, _presolve)
     _pass_model(h, highspy, model, options)

@@ -29,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -69,9 +70,12 @@ def solve_in_process(
     options: SolverOptions,
     warm_start: np.ndarray | None = None,
     progress: ProgressFn | None = None,
+    cancel_grace_s: float = 2.0,
 ) -> SolveResult:
-    """Solve ``model`` with HiGHS in a child process that is killed once the time limit (and
-    the graces) has passed (module docstring). Same arguments and result as ``solve_highs``."""
+    """Solve ``model`` with HiGHS in a child process that is killed once the time limit, the
+    grace of the child's own cancel (``cancel_grace_s``, ``highs.DEADLINE_GRACE_S``) and
+    :data:`KILL_GRACE_S` have passed (module docstring). Otherwise the arguments and the
+    result of ``solve_highs``."""
     t0 = time.perf_counter()
     limit_s = float(options.time_limit_s)
     with tempfile.TemporaryDirectory(prefix="xengine-highs-") as tmp:
@@ -84,7 +88,7 @@ def solve_in_process(
         )
         try:
             watch = _Watch(child, t0, progress)
-            kill_at = t0 + limit_s + _cancel_grace_s() + KILL_GRACE_S
+            kill_at = t0 + limit_s + cancel_grace_s + KILL_GRACE_S
             killed = watch.until(kill_at)
         finally:
             if child.poll() is None:
@@ -105,21 +109,17 @@ def solve_in_process(
 
 
 _CHILD = (
-    f"import sys; from pathlib import Path; from {__name__} import main; main(Path(sys.argv[1]))"
+    "import sys; from pathlib import Path; from xengine.solvers.highs import solve_highs; "
+    f"from {__name__} import main; main(Path(sys.argv[1]), solve_highs)"
 )
-"""The child's program (not ``-m``: the package imports this module before ``-m`` would run
-it, and runpy warns)."""
+"""The child's program: :func:`main` with ``solve_highs``, named here in a string so that
+this module does not import ``highs`` (which imports it); not ``-m``, because the package
+imports this module before ``-m`` would run it, and runpy warns."""
 
 
 def _command(folder: Path) -> list[str]:
     """The child's command line: :func:`main` on ``folder``."""
     return [sys.executable, "-c", _CHILD, str(folder)]
-
-
-def _cancel_grace_s() -> float:
-    from xengine.solvers.highs import DEADLINE_GRACE_S
-
-    return DEADLINE_GRACE_S
 
 
 def _write(
@@ -267,11 +267,10 @@ def _die_with_parent() -> None:
     threading.Thread(target=watch, daemon=True, name="xengine-parent-watch").start()
 
 
-def main(folder: Path) -> None:
-    """The child: solve the model in ``folder`` in-process; progress lines on the original
-    stdout (HiGHS's own output goes to stderr), each improving incumbent to a file."""
-    from xengine.solvers.highs import solve_highs
-
+def main(folder: Path, solve_highs: Callable[..., SolveResult]) -> None:
+    """The child: solve the model in ``folder`` with ``solve_highs`` (``highs.solve_highs``)
+    in-process; progress lines on the original stdout (HiGHS's own output goes to stderr),
+    each improving incumbent to a file."""
     events = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # anything native code prints belongs to the log, not to the event lines
     _die_with_parent()
