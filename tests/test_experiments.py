@@ -34,6 +34,7 @@ from xengine.records.sweep import (
     finish_sweep,
     parent_run_for_sweep,
     sweep_children,
+    with_retries,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -201,6 +202,69 @@ def test_sweep_callback_opens_and_closes_the_parent(tmp_path):
     off = SweepCallback()
     off.on_multirun_start(OmegaConf.create({"tracking": {"enabled": False}}))
     assert off._parent is None
+
+
+def test_finish_sweep_adopts_the_points_of_its_sweep_that_had_no_parent(uri):
+    """A job that could not reach the store when it looked for the parent ran without one
+    (the failure of the CI run of a8b6904: the parent of a sweep whose point was scancelled
+    counted no killed point); it carries the sweep id, and the sweep's end counts it."""
+    client = MlflowClient(uri)
+    parent = parent_run_for_sweep(client, "xengine", "sweep-a", keep_open=True)
+    exp_id = client.get_run(parent).info.experiment_id
+    _run(client, exp_id, {PARENT_TAG: parent, "xe.status": "ok", "xe.sweep_id": "sweep-a"})
+    orphan = _run(client, exp_id, {"xe.status": "killed", "xe.sweep_id": "sweep-a"}, "KILLED")
+    stranger = _run(client, exp_id, {"xe.status": "ok", "xe.sweep_id": "sweep-b"})
+    assert finish_sweep(client, parent) == {"n_runs": 2, "n_ok": 1, "n_killed": 1}
+    assert client.get_run(orphan).data.tags[PARENT_TAG] == parent
+    assert PARENT_TAG not in client.get_run(stranger).data.tags
+    tags = client.get_run(parent).data.tags
+    assert (tags["xe.n_runs"], tags["xe.n_killed"]) == ("2", "1")
+
+
+def test_sweep_callback_closes_the_parent_the_jobs_made_when_its_own_failed(tmp_path):
+    """The launching process could not make the parent (store trouble at the start); the
+    jobs made it: the sweep's end still writes the summary on it."""
+    db = tmp_path / "mlflow.db"
+    cfg = OmegaConf.create(
+        {
+            "tracking": {"enabled": True, "uri": f"sqlite:///{db}", "experiment": "xengine"},
+            "results_dir": str(tmp_path),
+            "hydra": {"sweep": {"dir": str(tmp_path / "multirun" / "x")}},
+        }
+    )
+    cb = SweepCallback()
+    cb.on_multirun_start(cfg)
+    client = MlflowClient(f"sqlite:///{db}")
+    client.delete_run(cb._parent)  # as if it had never been made
+    cb._parent = None
+    made = parent_run_for_sweep(client, "xengine", str(tmp_path / "multirun" / "x"))
+    _run(client, client.get_run(made).info.experiment_id, {PARENT_TAG: made, "xe.status": "ok"})
+    cb.on_multirun_end(cfg)
+    assert client.get_run(made).data.tags["xe.n_ok"] == "1"
+
+
+def test_store_writes_are_tried_again_then_the_last_error_is_raised(monkeypatch):
+    import xengine.records.sweep as sweep
+
+    monkeypatch.setattr(sweep, "STORE_RETRY_S", 0.0)
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < sweep.STORE_ATTEMPTS:
+            raise OSError("database is locked")
+        return "parent"
+
+    assert with_retries("finding the parent", flaky) == "parent"
+    assert len(calls) == sweep.STORE_ATTEMPTS
+
+    def broken():
+        calls.append(1)
+        raise OSError(f"try {len(calls)}")
+
+    calls.clear()
+    with pytest.raises(OSError, match=f"try {sweep.STORE_ATTEMPTS}"):
+        with_retries("finding the parent", broken)
 
 
 # --------------------------------------------------------------------------- experiment configs
@@ -379,6 +443,7 @@ def test_submitit_local_two_point_solve_only_sweep(tmp_path, uri):
         [exp.experiment_id], "tags.`xe.role` = 'sweep'", run_view_type=ViewType.ALL
     )
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert {r.data.tags["xe.sweep_id"] for r in points} == {parents[0].data.tags["xe.sweep_id"]}
     if any(PARENT_TAG in r.data.tags for r in points):  # run.py starts points under it
         assert {r.data.tags[PARENT_TAG] for r in points} == {parents[0].info.run_id}
         assert parents[0].data.tags["xe.n_runs"] == "2"

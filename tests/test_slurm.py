@@ -45,6 +45,23 @@ def _runs(tmp_path):
     return client, [r for r in runs if r.data.tags.get("xe.task") == "run"]
 
 
+def _why(tmp_path, parents, runs) -> str:
+    """What a failed check of the sweep's parent needs: its tags, each point's parent and
+    status, the sweep's log and the jobs' warnings."""
+    lines = [f"parent {p.info.run_id} {p.info.status}: {p.data.tags}" for p in parents]
+    lines += [
+        f"point {r.data.params.get('mem.all')} {r.info.status} {r.data.tags.get('xe.status')}"
+        f" parent={r.data.tags.get('mlflow.parentRunId')}"
+        for r in runs
+    ]
+    lines.append((tmp_path / "sweep.log").read_text()[-2000:])
+    for err in sorted((tmp_path / "sweep").rglob("*_log.err")):
+        lines += [
+            f"{err.name}: {x}" for x in err.read_text().splitlines() if "WARN" in x or "ERROR" in x
+        ]
+    return "\n".join(lines)
+
+
 def _sweep(tmp_path, *args):
     cmd, env = cli_command(tmp_path, *SLURM, f"hydra.sweep.dir={tmp_path / 'sweep'}", *args)
     return [*cmd[:2], "-m", *cmd[2:]], env  # python run.py -m <overrides>
@@ -111,7 +128,7 @@ def test_a_cancelled_point_is_killed_and_the_rerun_runs_only_it(tmp_path):
     parents = client.search_runs(
         [cancelled.info.experiment_id], filter_string="tags.`xe.role` = 'sweep'"
     )
-    assert [p.data.tags.get("xe.n_killed") for p in parents] == ["1"]
+    assert [p.data.tags.get("xe.n_killed") for p in parents] == ["1"], _why(tmp_path, parents, runs)
 
     rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env)
     assert rerun.returncode == 0, rerun.stderr[-3000:]

@@ -344,13 +344,16 @@ def _sweep_parent(uri: str, experiment: str) -> str | None:
     here)."""
     from mlflow import MlflowClient
 
-    from xengine.records.sweep import parent_run_for_sweep, sweep_id_of
+    from xengine.records.sweep import parent_run_for_sweep, sweep_id_of, with_retries
 
+    sweep_id = sweep_id_of(HydraConfig.get())
     try:
-        return parent_run_for_sweep(
-            MlflowClient(tracking_uri=uri), experiment, sweep_id_of(HydraConfig.get())
+        client = MlflowClient(tracking_uri=uri)
+        return with_retries(
+            "finding the sweep's parent run",
+            lambda: parent_run_for_sweep(client, experiment, sweep_id),
         )
-    except Exception as exc:  # the point still runs, without a parent
+    except Exception as exc:  # the point still runs; the sweep's end adopts it by its id
         log.warning("could not find or make the sweep's parent run: %s", exc)
         return None
 
@@ -378,7 +381,10 @@ def _tracker(
     if hc.runtime.choices.get("experiment"):
         tags["xe.experiment"] = str(hc.runtime.choices.experiment)
     if hc.mode.name == "MULTIRUN":
+        from xengine.records.sweep import SWEEP_ID_TAG, sweep_id_of
+
         tags["xe.job_num"] = str(hc.job.num)
+        tags[SWEEP_ID_TAG] = sweep_id_of(hc)  # the sweep's end finds a point without a parent
         parent = _sweep_parent(uri, str(cfg.tracking.experiment))
         if parent is not None:
             tags["mlflow.parentRunId"] = parent  # MLflow's own tag: the UI nests the run

@@ -26,11 +26,12 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 FINGERPRINT_TAG = "xe.fingerprint"
 SWEEP_ID_TAG = "xe.sweep_id"
@@ -245,16 +246,71 @@ def sweep_children(client: Any, parent_run_id: str) -> list[Any]:
     )
 
 
+def adopt_orphans(client: Any, parent_run_id: str) -> int:
+    """Give the parent's tag to the points of its sweep that carry the sweep id but no parent
+    (a job that could not reach the store when it looked for the parent still runs, and
+    tags its sweep id), so that the sweep's summary counts every point that ran; return how
+    many were adopted."""
+    parent = client.get_run(parent_run_id)
+    sweep_id = parent.data.tags.get(SWEEP_ID_TAG)
+    if sweep_id is None:
+        return 0
+    runs = client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.`{SWEEP_ID_TAG}` = '{_quote(sweep_id)}'",
+        max_results=50000,
+    )
+    orphans = [
+        r for r in runs if r.data.tags.get(ROLE_TAG) != "sweep" and PARENT_TAG not in r.data.tags
+    ]
+    for run in orphans:
+        client.set_tag(run.info.run_id, PARENT_TAG, parent_run_id)
+    if orphans:
+        log.warning(
+            "sweep %s: %d point(s) had not found the parent run; now under %s",
+            sweep_id,
+            len(orphans),
+            parent_run_id,
+        )
+    return len(orphans)
+
+
 def finish_sweep(client: Any, parent_run_id: str) -> dict[str, int]:
     """Tag the parent with counts of its children by ``xe.status`` (``xe.n_runs``,
-    ``xe.n_ok``, ``xe.n_error``, ...) and mark it FINISHED; return the counts."""
+    ``xe.n_ok``, ``xe.n_error``, ...) in one write and mark it FINISHED; return the counts.
+    Points of the sweep that had not found the parent are adopted first."""
+    from mlflow.entities import RunTag
+
+    adopt_orphans(client, parent_run_id)
     children = sweep_children(client, parent_run_id)
     counts = Counter(r.data.tags.get("xe.status", r.info.status.lower()) for r in children)
     summary = {"n_runs": sum(counts.values()), **{f"n_{k}": v for k, v in counts.items()}}
-    for k, v in summary.items():
-        client.set_tag(parent_run_id, f"xe.{k}", str(v))
+    client.log_batch(parent_run_id, tags=[RunTag(f"xe.{k}", str(v)) for k, v in summary.items()])
     client.set_terminated(parent_run_id, "FINISHED", end_time=int(time.time() * 1000))
     return summary
+
+
+STORE_ATTEMPTS = 4
+"""Tries of a sweep's own store writes (the parent and its summary) before giving up."""
+
+STORE_RETRY_S = 3.0
+"""Wait between those tries: a SQLite store that several jobs write to answers "database is
+locked" for a moment (its busy timeout is 5 s), a tracking server may restart."""
+
+
+def with_retries(what: str, call: Callable[[], T]) -> T:
+    """``call()``, tried :data:`STORE_ATTEMPTS` times :data:`STORE_RETRY_S` apart; the last
+    error is raised. A point whose parent lookup fails once would otherwise run unparented,
+    and a summary that fails once would be lost."""
+    for attempt in range(1, STORE_ATTEMPTS + 1):
+        try:
+            return call()
+        except Exception as exc:
+            if attempt == STORE_ATTEMPTS:
+                raise
+            log.info("%s failed (%s); trying again in %.0f s", what, exc, STORE_RETRY_S)
+            time.sleep(STORE_RETRY_S)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 # ------------------------------------------------------------------------------ Hydra hook
@@ -324,6 +380,8 @@ class SweepCallback(_Callback):
 
     def __init__(self) -> None:
         self._uri: str | None = None
+        self._experiment = ""
+        self._sweep_id = ""
         self._parent: str | None = None
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
@@ -342,12 +400,16 @@ class SweepCallback(_Callback):
         if not config.tracking.enabled:
             return
         self._uri = resolve_tracking_uri(config.tracking.uri, config.results_dir)
-        experiment = str(config.tracking.experiment)
+        self._experiment = str(config.tracking.experiment)
+        self._sweep_id = sweep_id_of(config.hydra)
         try:
-            ensure_store(self._uri, experiment)
+            ensure_store(self._uri, self._experiment)
             client = MlflowClient(tracking_uri=self._uri)
-            self._parent = parent_run_for_sweep(
-                client, experiment, sweep_id_of(config.hydra), keep_open=True
+            self._parent = with_retries(
+                "making the sweep's parent run",
+                lambda: parent_run_for_sweep(
+                    client, self._experiment, self._sweep_id, keep_open=True
+                ),
             )
             _OPEN_PARENT.append((self._uri, self._parent))
         except Exception as exc:  # tracking trouble must not stop the sweep
@@ -370,14 +432,19 @@ class SweepCallback(_Callback):
         log.info("sweep point %s: %s", where, " ".join(hc.overrides.task) or "(defaults)")
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
-        if self._parent is None or self._uri is None:
+        if self._uri is None:
             return
         _OPEN_PARENT.clear()
         from mlflow import MlflowClient
 
         try:
             client = MlflowClient(tracking_uri=self._uri)
-            summary = finish_sweep(client, self._parent)
+            if self._parent is None:  # not made at the start: the one the jobs found or made
+                self._parent = parent_run_for_sweep(client, self._experiment, self._sweep_id)
+            parent = self._parent
+            summary = with_retries(
+                "closing the sweep's parent run", lambda: finish_sweep(client, parent)
+            )
             if summary["n_runs"] == 0:  # every point had finished before: an empty parent
                 client.delete_run(self._parent)
                 log.info("sweep: every point had already finished; no parent run kept")
@@ -390,10 +457,12 @@ class SweepCallback(_Callback):
 __all__ = [
     "FINGERPRINT_TAG",
     "PARENT_TAG",
+    "STORE_ATTEMPTS",
     "SWEEP_ID_TAG",
     "SWEEP_SIZE_ENV",
     "VOLATILE_KEYS",
     "SweepCallback",
+    "adopt_orphans",
     "config_fingerprint",
     "ensure_store",
     "find_finished_run",
@@ -403,4 +472,5 @@ __all__ = [
     "sweep_children",
     "sweep_id_of",
     "sweep_size",
+    "with_retries",
 ]
