@@ -26,7 +26,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from xengine.records.tracking import artifact_location_for, resolve_tracking_uri  # noqa: E402
+from xengine.records.tracking import (  # noqa: E402
+    artifact_location_for,
+    create_store,
+    resolve_tracking_uri,
+)
 
 log = logging.getLogger("dashboard")
 
@@ -62,8 +66,7 @@ def server_env() -> dict[str, str]:
 
 def start(uri: str, port: int, host: str = HOST) -> subprocess.Popen:
     """Start the server in its own process group (so that stopping it stops its workers)."""
-    if uri.startswith("sqlite:///"):
-        Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+    create_store(uri)  # whole before the server opens it: a run may be starting too
     cmd = server_command(uri, port, host)
     log.info("starting: %s", " ".join(cmd))
     # the server's own output goes to stderr: stdout carries only the URL line

@@ -204,6 +204,39 @@ def test_sweep_callback_opens_and_closes_the_parent(tmp_path):
     assert off._parent is None
 
 
+_OPEN_AT = """
+import sys, time
+from xengine.records.tracking import open_client
+start = float(sys.argv[2])
+time.sleep(max(start - time.time(), 0))
+open_client(sys.argv[1]).search_experiments()
+print("ok")
+"""
+
+
+def test_processes_that_open_a_fresh_store_at_once_all_get_a_whole_one(tmp_path):
+    """MLflow migrates a fresh SQLite file in place: two processes opening it at once broke
+    it here in every trial (one failed, or both, leaving tables that fail every later run;
+    how the CI run of a8b6904 lost its sweep's parent). Three processes open one fresh
+    store at the same instant: all succeed, and the store answers afterwards."""
+    uri = f"sqlite:///{tmp_path / 'fresh' / 'mlflow.db'}"
+    start = time.time() + 8  # after every process has imported mlflow
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _OPEN_AT, uri, str(start)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [o.strip() for o, _ in outs] == ["ok"] * 3, [e[-800:] for _, e in outs]
+    assert ensure_store(uri, "xengine") is not None
+    assert not list((tmp_path / "fresh").glob(".*.tmp"))  # the schema's own file is gone
+
+
 def test_finish_sweep_adopts_the_points_of_its_sweep_that_had_no_parent(uri):
     """A job that could not reach the store when it looked for the parent ran without one
     (the failure of the CI run of a8b6904: the parent of a sweep whose point was scancelled

@@ -39,6 +39,8 @@ SLURM = [
 
 
 def _runs(tmp_path):
+    if not (tmp_path / "mlflow.db").exists():  # opening it would make it, racing the sweep
+        return None, []
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = client.get_experiment_by_name("xengine")
     runs = client.search_runs([exp.experiment_id]) if exp else []

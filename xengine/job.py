@@ -326,13 +326,11 @@ def _already_done(cfg: DictConfig, fingerprint: str) -> str | None:
     """The id of a finished run with the same fingerprint (None with ``redo=true``)."""
     if flag(cfg, "redo") or not flag(cfg, "tracking.enabled", True):
         return None
-    from mlflow import MlflowClient
-
     from xengine.records.sweep import find_finished_run
-    from xengine.records.tracking import resolve_tracking_uri
+    from xengine.records.tracking import open_client, resolve_tracking_uri
 
     try:
-        client = MlflowClient(tracking_uri=resolve_tracking_uri(cfg.tracking.uri, cfg.results_dir))
+        client = open_client(resolve_tracking_uri(cfg.tracking.uri, cfg.results_dir))
         return find_finished_run(client, str(cfg.tracking.experiment), fingerprint)
     except Exception as exc:  # a store that cannot be read: run the point
         log.warning("could not look for a finished run with this config: %s", exc)
@@ -342,13 +340,12 @@ def _already_done(cfg: DictConfig, fingerprint: str) -> str | None:
 def _sweep_parent(uri: str, experiment: str) -> str | None:
     """The parent run of this multirun (made by ``xengine.records.sweep.SweepCallback``, or
     here)."""
-    from mlflow import MlflowClient
-
     from xengine.records.sweep import parent_run_for_sweep, sweep_id_of, with_retries
+    from xengine.records.tracking import open_client
 
     sweep_id = sweep_id_of(HydraConfig.get())
     try:
-        client = MlflowClient(tracking_uri=uri)
+        client = open_client(uri)
         return with_retries(
             "finding the sweep's parent run",
             lambda: parent_run_for_sweep(client, experiment, sweep_id),

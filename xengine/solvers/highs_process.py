@@ -237,7 +237,7 @@ def _after_kill(
         gap=relative_gap(obj, bound),
         solve_time_s=elapsed,
         message=message,
-        time_to_first_s=watch.first_incumbent_s if watch.first_incumbent_s else None,
+        time_to_first_s=watch.first_incumbent_s,
     )
 
 
