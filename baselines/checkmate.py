@@ -32,6 +32,7 @@ from xengine.result import RelaxationRun, StrategyResult
 from xengine.simulate import ScheduleError, simulate
 from xengine.solvers import MilpModel, ProgressFn, SolverOptions, solve
 from xengine.solvers.model import SOLUTION_STATUSES, relative_gap
+from xengine.strategies.bounds import once_bound_s
 from xengine.strategies.formulation import build
 from xengine.strategies.frontier import solve_frontier
 from xengine.strategies.model_size import milp_memory_problem
@@ -128,7 +129,7 @@ def solve_checkmate(
     out = _solve_milp(inst, solver, remaining, start, bound_s, progress, extra)
     extra["milp_solve_time_s"] = out.solve_time_s
     out.solve_time_s = time.perf_counter() - t_start  # the strategy's, heuristics included
-    _apply_bound(out, bound_s, options.rel_gap)
+    _apply_bound(out, bound_s, options.rel_gap, extra.get("bound_source", FRONTIER))
     if not out.has_schedule and best is not None and best.strategy == FRONTIER:
         out = _frontier_answer(inst, solver, best, bound_s, options.rel_gap, extra, t_start, out)
     return _typed(out, extra)
@@ -139,6 +140,7 @@ def _typed(res: StrategyResult, extra: dict) -> StrategyResult:
     res.frontier = extra.pop("frontier", None)
     res.warm_start = extra.pop("warm_start", None)
     res.time_to_first_s = extra.pop("time_to_first_s", None)
+    extra.pop("bound_source", None)  # the phases' note; bound_from says what was reported
     return res
 
 
@@ -242,6 +244,8 @@ HELD = "+held"
 """Suffix of a seed improved by :func:`_held`."""
 FRONTIER = "frontier"
 """The label of a schedule read from the frontier relaxation's solution."""
+ONCE = "every op once"
+"""The source of a bound that is :func:`~xengine.strategies.bounds.once_bound_s`."""
 
 
 def _frontier_phase(
@@ -297,7 +301,11 @@ def _frontier_phase(
         if cand.sim.within_budget and (seed is None or cand.sim.time_s < seed.sim.time_s):
             seed = cand
     bound_s = fr.bound_s
-    if seed is not None and bound_s is not None:
+    once_s = once_bound_s(inst)
+    if once_s is not None and (bound_s is None or bound_s < once_s):  # none proven in time
+        bound_s = once_s
+        extra["bound_source"] = ONCE
+    if seed is not None:
         gap = relative_gap(seed.sim.time_s, min(bound_s, seed.sim.time_s))
         if gap is not None and gap <= options.rel_gap:
             return (
@@ -327,8 +335,16 @@ def _frontier_answer(
     gap = relative_gap(time_s, bound)
     optimal = gap is not None and gap <= rel_gap
     extra["warm_start"] = extra.get("warm_start", seed.strategy)
+    source = extra.get("bound_source", FRONTIER)
+    if bound is not None:
+        extra["bound_from"] = source
     if refused is not None:
         message = f"the full MILP was not built ({refused}); kept the {seed.strategy} schedule"
+    elif milp is None and source == ONCE:
+        message = (
+            f"proven optimal: the {seed.strategy} schedule meets the bound of every op run "
+            "once, so the full MILP was not run"
+        )
     elif milp is None:
         message = (
             f"proven optimal by the frontier relaxation (xengine/strategies/frontier.py): the "
@@ -361,18 +377,21 @@ def _frontier_answer(
     return out
 
 
-def _apply_bound(out: StrategyResult, bound_s: float | None, rel_gap: float) -> None:
-    """Report the frontier bound where it beats the MILP's; an incumbent that meets it is
-    proven optimal."""
+def _apply_bound(
+    out: StrategyResult, bound_s: float | None, rel_gap: float, source: str = FRONTIER
+) -> None:
+    """Report the bound from before the MILP (the frontier relaxation's, or :data:`ONCE`)
+    where it beats the MILP's; an incumbent that meets it is proven optimal."""
     if bound_s is None or out.objective_s is None or out.status not in SOLUTION_STATUSES:
         return
     if out.best_bound_s is None or bound_s > out.best_bound_s:
         out.best_bound_s = min(bound_s, out.objective_s)
         out.gap = relative_gap(out.objective_s, out.best_bound_s)
-        out.extra["bound_from"] = FRONTIER
+        out.extra["bound_from"] = source
         if out.status == "feasible" and out.gap is not None and out.gap <= rel_gap:
             out.status = "optimal"
-            out.message = "optimal: the schedule meets the frontier relaxation's bound"
+            what = "the frontier relaxation's bound" if source == FRONTIER else "every op once"
+            out.message = f"optimal: the schedule meets {what}"
 
 
 def _with_floor(model: MilpModel, floor: float) -> MilpModel:
