@@ -174,15 +174,20 @@ def test_parallel_callers_converge_on_one_parent(uri):
     assert [r.info.run_id for r in alive] == got[:1]
 
 
-def test_sweep_callback_opens_and_closes_the_parent(tmp_path):
-    db = tmp_path / "fresh" / "mlflow.db"  # does not exist yet: the callback creates it
-    cfg = OmegaConf.create(
+def _sweep_cfg(tmp_path, db):
+    """What :class:`SweepCallback` reads of a multirun's config."""
+    return OmegaConf.create(
         {
             "tracking": {"enabled": True, "uri": f"sqlite:///{db}", "experiment": "xengine"},
             "results_dir": str(tmp_path),
             "hydra": {"sweep": {"dir": str(tmp_path / "multirun" / "x")}},
         }
     )
+
+
+def test_sweep_callback_opens_and_closes_the_parent(tmp_path):
+    db = tmp_path / "fresh" / "mlflow.db"  # does not exist yet: the callback creates it
+    cfg = _sweep_cfg(tmp_path, db)
     cb = SweepCallback()
     cb.on_multirun_start(cfg)
     client = MlflowClient(f"sqlite:///{db}")
@@ -258,13 +263,7 @@ def test_sweep_callback_closes_the_parent_the_jobs_made_when_its_own_failed(tmp_
     """The launching process could not make the parent (store trouble at the start); the
     jobs made it: the sweep's end still writes the summary on it."""
     db = tmp_path / "mlflow.db"
-    cfg = OmegaConf.create(
-        {
-            "tracking": {"enabled": True, "uri": f"sqlite:///{db}", "experiment": "xengine"},
-            "results_dir": str(tmp_path),
-            "hydra": {"sweep": {"dir": str(tmp_path / "multirun" / "x")}},
-        }
-    )
+    cfg = _sweep_cfg(tmp_path, db)
     cb = SweepCallback()
     cb.on_multirun_start(cfg)
     client = MlflowClient(f"sqlite:///{db}")
