@@ -242,6 +242,19 @@ def test_processes_that_open_a_fresh_store_at_once_all_get_a_whole_one(tmp_path)
     assert not list((tmp_path / "fresh").glob(".*.tmp"))  # the schema's own file is gone
 
 
+def test_a_fresh_store_is_made_where_the_file_system_has_no_hard_links(tmp_path, monkeypatch):
+    from xengine.records.tracking import create_store
+
+    def no_links(src, dst):
+        raise PermissionError("hard links not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    create_store(uri)
+    assert ensure_store(uri, "xengine") is not None
+    assert [p.name for p in tmp_path.iterdir()] == ["mlflow.db"]
+
+
 def test_finish_sweep_adopts_the_points_of_its_sweep_that_had_no_parent(uri):
     """A job that could not reach the store when it looked for the parent ran without one
     (the failure of the CI run of a8b6904: the parent of a sweep whose point was scancelled

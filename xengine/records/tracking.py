@@ -108,6 +108,9 @@ def create_store(uri: str) -> None:
                 os.link(tmp, db)
             except FileExistsError:
                 pass  # made meanwhile by a process that does not take the lock (mlflow ui)
+            except OSError:  # no hard links on this file system: a rename, under the lock
+                if not db.exists():
+                    os.replace(tmp, db)
         finally:
             tmp.unlink(missing_ok=True)
         log.info("made the tracking store %s", db)
