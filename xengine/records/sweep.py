@@ -282,8 +282,9 @@ STORE_ATTEMPTS = 4
 """Tries of a sweep's own store writes (the parent and its summary) before giving up."""
 
 STORE_RETRY_S = 3.0
-"""Wait between those tries: a SQLite store that several jobs write to answers "database is
-locked" for a moment (its busy timeout is 5 s), a tracking server may restart."""
+"""Wait between those tries: a store may be busy for a moment (a SQLite file that another
+process, not this project's, is still migrating; "database is locked" past SQLite's 5 s busy
+timeout), a tracking server may be restarting."""
 
 
 def with_retries(what: str, call: Callable[[], T]) -> T:

@@ -76,7 +76,7 @@ def store_lock(uri: str) -> AbstractContextManager[Any]:
     from filelock import FileLock
 
     db = str(Path(uri[len("sqlite:///") :]).resolve())
-    name = f"xe-sweep-{hashlib.sha256(db.encode()).hexdigest()[:16]}.lock"
+    name = f"xe-store-{hashlib.sha256(db.encode()).hexdigest()[:16]}.lock"
     return FileLock(str(Path(tempfile.gettempdir()) / name), timeout=120)
 
 
