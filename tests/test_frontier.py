@@ -168,3 +168,25 @@ def test_a_start_within_the_gap_of_every_op_once_is_optimal_without_the_milp(mon
     assert res.status == "optimal" and "raw_sim" not in res.extra
     assert "meets the bound of every op run once" in res.message
     assert res.best_bound_s == pytest.approx(float(inst.compute_s.sum()), rel=1e-12)
+
+
+@pytest.mark.parametrize("spent_share", [0.0, 0.8])
+def test_the_relaxation_gets_its_share_or_what_is_left_of_the_limit(monkeypatch, spent_share):
+    # its share counted from its own start let a 240 s row end at 265-276 s at 48 GPT-2
+    # layers, where the heuristics took 137 s of their 96
+    import time
+
+    g = chain(9)
+    inst = _inst(g, _mid_budgets(g)[1])
+    given = []
+
+    def record(inst, solver, options, start=None, progress=None):
+        given.append(options.time_limit_s)
+        return _no_bound(inst, solver, options)
+
+    monkeypatch.setattr(cm, "solve_frontier", record)
+    opts = SolverOptions(time_limit_s=100.0)
+    t_start = time.perf_counter() - spent_share * 100.0
+    cm._frontier_phase(inst, "highs", opts, None, None, {}, t_start)
+    want = 100.0 * cm.FRONTIER_SHARE if spent_share == 0.0 else 100.0 * (1 - spent_share)
+    assert given[0] == pytest.approx(want, abs=0.5)
