@@ -3,6 +3,7 @@ own time, so its optimum bounds Checkmate's; and solve_checkmate's use of it."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -157,6 +158,22 @@ def test_without_a_frontier_bound_every_op_once_is_the_bound_reported(monkeypatc
     assert res.gap == pytest.approx((res.sim.time_s - once_s) / res.sim.time_s, rel=1e-9)
     assert res.gap > 0.01 and res.extra["bound_from"] == cm.ONCE
     assert "bound_source" not in res.extra
+
+
+def test_the_milp_alone_ended_before_its_root_reports_every_op_once(monkeypatch):
+    g = chain(9)
+    inst = _inst(g, _mid_budgets(g)[1])
+    real = cm.solve
+
+    def no_bound(*args, **kwargs):  # as HiGHS ended in its presolve: a start, no bound
+        res = real(*args, **kwargs)
+        return dataclasses.replace(res, status="feasible", best_bound=None, gap=None)
+
+    monkeypatch.setattr(cm, "solve", no_bound)
+    res = cm.solve_checkmate(inst, options=OPTS, frontier=False)
+    once_s = float(inst.compute_s.sum())
+    assert res.status == "feasible" and res.best_bound_s == pytest.approx(once_s, rel=1e-12)
+    assert res.extra["bound_from"] == cm.ONCE and res.gap > 0
 
 
 def test_a_start_within_the_gap_of_every_op_once_is_optimal_without_the_milp(monkeypatch):

@@ -63,7 +63,10 @@ def test_the_composition_is_the_models_own_forward_and_loss(net, granularity):
         out = theirs(ids, labels=ids)  # transformers shifts the labels by one itself
     assert torch.equal(logits, out.logits)
     loss = token_cross_entropy(logits[:, :-1], ids[:, 1:])
-    assert torch.equal(loss, out.loss)
+    # the same loss up to the order of the mean's sum: transformers averages over every
+    # position with the last one ignored, we over the shifted ones; on an AMD EPYC the two
+    # differ in the last bit for hf_llama (7.6e-8 relative), on the Intel machines not at all
+    torch.testing.assert_close(loss, out.loss, rtol=1e-6, atol=0.0)
 
 
 def test_the_shapes_are_the_named_models():

@@ -324,11 +324,15 @@ def test_tiny_net_on_two_cpu_sub_devices(tmp_path, store):
     assert tags["xe.status"] == "ok", tags
     assert run.data.params["devices"] == "cpu2+cpu1"
     assert run.data.params["mem"] == "cpu2=50%,cpu1=85%"
-    keep_all = m["graph/keep_all_peak_mib"]
-    assert m["xengine/budget_mib.cpu2"] == pytest.approx(0.50 * keep_all, rel=1e-4)
-    assert m["xengine/budget_mib.cpu1"] == pytest.approx(0.85 * keep_all, rel=1e-4)
+    # each device's percentage is of its own keep-everything peak: the workspaces of one and
+    # two threads differ on some CPUs (AMD EPYC: cpu1's peak 2.6 % below cpu2's), on others not
+    keep_cpu2, keep_cpu1 = m["graph/keep_all_peak_mib.cpu2"], m["graph/keep_all_peak_mib.cpu1"]
+    assert m["xengine/budget_mib.cpu2"] == pytest.approx(0.50 * keep_cpu2, rel=1e-4)
+    assert m["xengine/budget_mib.cpu1"] == pytest.approx(0.85 * keep_cpu1, rel=1e-4)
+    total = 0.50 * keep_cpu2 + 0.85 * keep_cpu1
+    assert m["protocol/total_budget_mib"] == pytest.approx(total, rel=1e-4)
     for label in labels[1:5]:  # each device alone with the total memory
-        assert m[f"{label}/budget_mib"] == pytest.approx(1.35 * keep_all, rel=1e-4)
+        assert m[f"{label}/budget_mib"] == pytest.approx(total, rel=1e-4)
     for label in labels[1:]:
         assert tags[f"xe.status.{label}"] in ("optimal", "feasible"), label
         assert m[f"{label}/grads_match"] == 1.0, label

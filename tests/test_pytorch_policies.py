@@ -171,7 +171,7 @@ def test_the_table_shows_pytorch_policies_beside_our_schedules(tmp_path):
     common = [
         "net=resnet18",
         "net.batch_size=2",
-        "net.image_size=64",
+        "net.image_size=96",
         "strategy=[recompute_greedy,torch_checkpoint,torch_sac]",
         "profile.context_rounds=0",
         "n_steps=1",
@@ -182,7 +182,7 @@ def test_the_table_shows_pytorch_policies_beside_our_schedules(tmp_path):
     for name in ("torch_checkpoint", "torch_sac"):
         assert rows[name][1] == "feasible" and rows[name][-1] == "yes", proc.stdout
     assert "  torch_checkpoint: checkpoint " in proc.stdout
-    proc = run_cli(tmp_path, *common, "mem=90%")  # every block checkpointed: 93 %
+    proc = run_cli(tmp_path, *common, "mem=75%")  # below every level of selective checkpointing
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "torch_sac: no level fits the budget" in proc.stdout
     assert "the smallest measured peak is" in proc.stdout

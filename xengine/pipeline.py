@@ -114,7 +114,6 @@ def _instance(cfg: RunConfig, prep: Prepared, tracker: Tracker) -> Instance:
             "graph/keep_all_peak_mib": prep.keep_all_peak_bytes / MIB,
             "graph/min_budget_mib": prep.min_budget_bytes / MIB,
             "graph/fixed_mib": graph.fixed_bytes / MIB,
-            "protocol/total_budget_mib": int(sum(prep.budget_bytes)) / MIB,
         }
     )
     if prep.captured is not None:
@@ -130,6 +129,8 @@ def _instance(cfg: RunConfig, prep: Prepared, tracker: Tracker) -> Instance:
             tracker.metrics(
                 {f"graph/keep_all_peak_mib.{d}": k / MIB, f"graph/budget_mib.{d}": b / MIB}
             )
+    # after profiling: a percentage is of each device's measured peak (resolve_budgets)
+    tracker.metrics({"protocol/total_budget_mib": int(sum(prep.budget_bytes)) / MIB})
     inst = Instance(graph, cfg.devices, prep.budget_bytes)
     record_graph(tracker, inst)
     return inst
