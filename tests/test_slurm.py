@@ -90,11 +90,11 @@ def test_a_cancelled_point_is_killed_and_the_rerun_runs_only_it(tmp_path):
     args = (
         "net=resnet18",
         "net.batch_size=2",
-        "net.image_size=64",
+        "net.image_size=96",  # at 64 px one op alone needs 96 % on an AMD EPYC
         "strategy=[checkmate]",
         "solver.time_limit_s=40",
         "profile.context_rounds=0",
-        "mem.all=85%,86%",  # near the smallest budget (84 %): the solver runs to its limit
+        "mem.all=75%,76%",  # near the smallest budget (71 % on that AMD): a long solve
     )
     cmd, env = _sweep(tmp_path, *args)
     log = (tmp_path / "sweep.log").open("w")  # not a pipe: submitit's warnings would fill it
