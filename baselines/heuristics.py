@@ -38,7 +38,7 @@ from xengine.graph.types import Graph
 from xengine.problem import Instance
 from xengine.result import StrategyResult
 from xengine.schedule import Schedule, keep_all_schedule
-from xengine.simulate import Simulation, simulate
+from xengine.simulate import Simulation, StageMemo, simulate
 
 GREEDY_SWEEP = np.arange(300) / 100.0
 """Segment budgets of Chen greedy, as multiples of the sqrt(n) schedule's peak (Checkmate's
@@ -266,6 +266,7 @@ def solve_recompute_greedy(
     cand = [u for u in g.forward_indices if m[u] > 0 and any(bwd[v] for v in g.successors[u])]
     drop = np.zeros(g.size, dtype=bool)
     n_sims = 0
+    memo = StageMemo(inst)  # a drop changes a few stages; the others are replayed once
 
     def schedule_of(d: np.ndarray) -> Schedule:
         return solve_r_opt(g, retention_matrix(g, d), dev, drop_unused=True)
@@ -274,7 +275,7 @@ def solve_recompute_greedy(
         nonlocal n_sims
         n_sims += 1
         sched = schedule_of(d)
-        return sched, simulate(inst, sched, check_budget=False)
+        return sched, simulate(inst, sched, check_budget=False, memo=memo)
 
     def score(cur: Simulation, u: int) -> tuple[float, Schedule, Simulation]:
         drop[u] = True
@@ -354,6 +355,7 @@ def hold_recomputations(
     g, dev = inst.graph, inst.devices[0]
     cost = inst.compute_s[0]
     n_held = n_sims = 0
+    memo = StageMemo(inst)  # a move changes the stages between two computations only
     improved = True
     while improved and not _past(deadline):
         improved = False
@@ -372,7 +374,7 @@ def hold_recomputations(
             S = sched.S[0].copy()
             S[ta + 1 : tb + 1, u] = True
             new = solve_r_opt(g, S, dev, drop_unused=True)
-            new_sim = simulate(inst, new, check_budget=False)
+            new_sim = simulate(inst, new, check_budget=False, memo=memo)
             n_sims += 1
             if new_sim.within_budget and new_sim.time_s < sim.time_s * (1 - 1e-12):
                 sched, sim = new, new_sim

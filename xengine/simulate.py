@@ -76,7 +76,12 @@ class Simulation:
         return not self.violations
 
 
-def simulate(inst: Instance, sched: Schedule, check_budget: bool = True) -> Simulation:
+def simulate(
+    inst: Instance,
+    sched: Schedule,
+    check_budget: bool = True,
+    memo: StageMemo | None = None,
+) -> Simulation:
     """Replay ``sched`` on ``inst``.
 
     Raises :class:`ScheduleError` for a schedule that breaks the stage rules (a missing input,
@@ -86,6 +91,9 @@ def simulate(inst: Instance, sched: Schedule, check_budget: bool = True) -> Simu
 
     The whole-schedule rules are checked first (:func:`_check_structure`); then the stages
     are replayed in order (:class:`_Replay`, the semantics of the module docstring).
+
+    ``memo`` (a :class:`StageMemo` of this instance) reuses the stages an earlier replay
+    through it saw with the same inputs: the result is the same, to the bit.
     """
     g = inst.graph
     n, D = g.size, inst.n_devices
@@ -95,11 +103,129 @@ def simulate(inst: Instance, sched: Schedule, check_budget: bool = True) -> Simu
     if R.shape != (D, n, n):
         raise ScheduleError(f"schedule has shape {R.shape}, expected {(D, n, n)} (T = n stages)")
     A = sched.states_for(g)
+    if memo is not None:
+        return memo.replay(inst, sched, A, check_budget)
     replay = _Replay(inst, R, S, A, check_budget)
     _check_structure(g, R, S, A, replay.names)
     for t in range(n):
         replay.stage(t)
     return replay.result()
+
+
+@dataclass(frozen=True)
+class _StageRecord:
+    """What replaying one stage appended to the replay (see :meth:`_Replay.mark`)."""
+
+    ops: list[Op]
+    steps: list[tuple[int, int]]
+    mem_rel: np.ndarray  # (D, steps): each step's memory less the stage's untouched bytes
+    loss_releases: list[bool]
+    compute_terms: list[float]
+    copy_terms: list[float]
+    copied_bytes: int
+
+
+class StageMemo:
+    """Replayed stages of one instance, by their inputs, for callers that simulate many
+    schedules that differ in a few stages.
+
+    Why: the greedy heuristics (:func:`baselines.heuristics.solve_recompute_greedy`, holding a
+    seed's recomputations) score every move with a full replay, and a move changes what a few
+    stages do: on GPT-2 with 24 layers (781 nodes) a replay took ~73 ms, most of it stages seen
+    before. A stage's replay depends on its index, ``R`` of the stage, and the residency
+    (``S``, ``S_state``) of it and of the next stage, but of a tensor that the stage neither
+    reads nor makes and that stays resident through it, only on its bytes: it is never
+    touched, freed or copied, it only adds to every step's memory. So the key is the stage's
+    index and its rows without those tensors, packed into bytes; the record keeps each step's
+    memory less their bytes, and a reuse adds the present schedule's and checks the budgets
+    again. Totals are summed term by term in replay order, so a memoised result equals an
+    unmemoised one to the bit (``tests/test_simulate.py``).
+    """
+
+    def __init__(self, inst: Instance, max_bytes: int = 256 * 2**20) -> None:
+        from scipy import sparse  # noqa: PLC0415 - only memoised replays need it
+
+        g = inst.graph
+        self.inst = inst
+        # keys take 5 D n / 8 bytes, a record about as much again: 256 MiB hold ~50k
+        # stages of GPT-2 with 24 layers on two devices
+        self.max_entries = max(1_000, max_bytes // (2 * (5 * inst.n_devices * g.size // 8 + 64)))
+        self.entries: dict[tuple[int, bytes], _StageRecord] = {}
+        self.hits = 0
+        self.misses = 0
+        n = g.size
+        rows = [v for v in range(n) for _ in g.predecessors[v]]
+        cols = [u for v in range(n) for u in g.predecessors[v]]
+        self._reads = sparse.csr_matrix(
+            (np.ones(len(rows), dtype=np.int32), (rows, cols)), shape=(n, n)
+        )
+        self._sparse = sparse
+        self._has_state = g.state_reader >= 0
+        self._state_reader = np.where(self._has_state, g.state_reader, 0)
+        self._nbytes = g.output_bytes.astype(np.float64)
+        self._state_bytes = g.state_bytes.astype(np.float64)
+
+    def keys(
+        self, R: np.ndarray, S: np.ndarray, A: np.ndarray
+    ) -> tuple[list[tuple[int, bytes]], np.ndarray]:
+        """Each stage's key (its index and the packed rows its replay reads, untouched
+        residents left out) and ``(D, T)`` the bytes of those residents."""
+        D, T, _ = R.shape
+        comp = R.any(axis=0)  # (T, n) computed in the stage on some device
+        read = (self._sparse.csr_matrix(comp, dtype=np.int32) @ self._reads).toarray() > 0
+        touched = comp | read
+        touched_st = comp | (comp[:, self._state_reader] & self._has_state)
+        S_next = np.zeros_like(S)
+        S_next[:, :-1] = S[:, 1:]
+        A_next = np.zeros_like(A)
+        A_next[:, :-1] = A[:, 1:]
+        still = S & S_next & ~touched
+        still_st = A & A_next & ~touched_st
+        offset = _row_bytes(still, self._nbytes) + _row_bytes(still_st, self._state_bytes)
+        parts = [R, S & ~still, A & ~still_st, S_next & ~still, A_next & ~still_st]
+        packed = np.packbits(np.concatenate(parts), axis=-1)  # (5D, T, bytes)
+        rows = packed.transpose(1, 0, 2).reshape(T, -1)
+        return [(t, rows[t].tobytes()) for t in range(T)], offset
+
+    def replay(self, inst: Instance, sched: Schedule, A: np.ndarray, check_budget: bool):
+        """:func:`simulate` through the memo. Budgets are checked once, on the whole memory
+        at the end; a schedule that breaks a rule is replayed again without the memo, so that
+        its error is the first one a plain replay meets."""
+        if inst is not self.inst:
+            raise ValueError("a StageMemo replays the instance it was made for only")
+        R, S = sched.R, sched.S
+        keys, offset = self.keys(R, S, A)
+        known = [self.entries.get(k) for k in keys]
+        new = np.array([t for t, rec in enumerate(known) if rec is None], dtype=np.int64)
+        replay = _Replay(inst, R, S, A, False, stages=new)
+        if len(self.entries) + new.size > self.max_entries:
+            self.entries.clear()
+        try:
+            if new.size:
+                _check_structure(inst.graph, R, S, A, replay.names, stages=new)
+            for t, rec in enumerate(known):
+                if rec is None:
+                    mark = replay.mark()
+                    replay.stage(t)
+                    known[t] = rec = replay.record_since(mark, offset[:, t])
+                    self.entries[keys[t]] = rec
+                else:
+                    replay.reuse(rec)
+        except ScheduleError:
+            if not check_budget:
+                raise
+            return simulate(inst, sched, check_budget=True)  # raises the plain replay's error
+        self.hits += len(keys) - new.size
+        self.misses += new.size
+        counts = [rec.mem_rel.shape[1] for rec in known]
+        mem = np.concatenate([rec.mem_rel for rec in known], axis=1)
+        mem += np.repeat(offset, counts, axis=1)
+        replay.violations = []
+        for j in np.flatnonzero((mem > inst.budgets[:, None] + BUDGET_TOLERANCE_BYTES).any(0)):
+            t, v = replay.steps[j]
+            replay.check_budget = check_budget
+            replay._check_budgets(t, v, mem[:, j])
+        return replay.result(mem)
 
 
 class _Replay:
@@ -110,7 +236,13 @@ class _Replay:
     ``alive_bytes`` their bytes, and ``keep_next``/``keep_st`` what stage ``t + 1`` keeps."""
 
     def __init__(
-        self, inst: Instance, R: np.ndarray, S: np.ndarray, A: np.ndarray, check_budget: bool
+        self,
+        inst: Instance,
+        R: np.ndarray,
+        S: np.ndarray,
+        A: np.ndarray,
+        check_budget: bool,
+        stages: np.ndarray | None = None,
     ) -> None:
         g = inst.graph
         self.n, self.D = g.size, inst.n_devices
@@ -130,24 +262,77 @@ class _Replay:
         self.names = [v.name for v in g.nodes]
         self.dev = inst.devices
 
-        self.time_compute = 0.0
-        self.time_copy = 0.0
-        self.n_comp = self.n_recomp = self.n_copies = 0
+        # every compute and copy time in replay order, summed at the end (so that stages a
+        # StageMemo reuses add up exactly as replayed ones)
+        self.compute_terms: list[float] = []
+        self.copy_terms: list[float] = []
         self.copied = 0
         self.ops: list[Op] = []
         self.mem_cols: list[np.ndarray] = []
         self.steps: list[tuple[int, int]] = []
         self.violations: list[str] = []
-        self.computed_once = [False] * self.n
         self.logits = g.released_logits  # None: the loss has no release to model
         self.loss_releases: list[bool] = []
         # Whole-matrix work done once, not per stage: a replay of n stages spent most of its
         # time in per-row numpy calls (GPT-2, 781 nodes: 134 ms a replay, 150 us a stage).
-        self.resident = [_row_lists(S[d]) for d in range(self.D)]
-        self.resident_st = [_row_lists(A[d]) for d in range(self.D)]
-        self.resident_bytes = _row_bytes(S, g.output_bytes) + _row_bytes(A, g.state_bytes)
-        self.computed = _row_lists(R.any(axis=0))  # nodes computed in each stage, any device
-        self.keep_breaks = _keep_breaks(R, S, A)  # stages where _check_kept raises
+        # ``stages``: only these are replayed (the others come from a StageMemo), so only
+        # their rows, and the next stage's residents, are read.
+        T = R.shape[1]
+        if stages is None:
+            self.resident = [_row_lists(S[d]) for d in range(self.D)]
+            self.resident_st = [_row_lists(A[d]) for d in range(self.D)]
+            self.resident_bytes = _row_bytes(S, g.output_bytes) + _row_bytes(A, g.state_bytes)
+            self.computed = _row_lists(R.any(axis=0))  # nodes computed in each stage
+            self.keep_breaks = _keep_breaks(R, S, A)  # stages where _check_kept raises
+            return
+        rows = np.union1d(stages, stages[stages + 1 < T] + 1)
+        self.resident = [_rows_at(S[d], rows) for d in range(self.D)]
+        self.resident_st = [_rows_at(A[d], rows) for d in range(self.D)]
+        self.resident_bytes = np.zeros((self.D, T), dtype=np.int64)
+        self.resident_bytes[:, stages] = _row_bytes(S[:, stages], g.output_bytes) + _row_bytes(
+            A[:, stages], g.state_bytes
+        )
+        self.computed = _rows_at(R[:, stages].any(axis=0), stages, T)
+        self.keep_breaks = np.zeros(T, dtype=bool)
+        self.keep_breaks[stages] = _keep_breaks_at(R, S, A, stages)
+
+    def mark(self) -> tuple[int, ...]:
+        """Where each appended list stands now (:meth:`record_since` takes from there)."""
+        return (
+            len(self.ops),
+            len(self.steps),
+            len(self.mem_cols),  # reused stages append steps, not memory
+            len(self.loss_releases),
+            len(self.compute_terms),
+            len(self.copy_terms),
+            self.copied,
+        )
+
+    def record_since(self, mark: tuple[int, ...], offset: np.ndarray) -> _StageRecord:
+        """What was appended since ``mark`` (one stage's replay), its memory less ``offset``
+        (the bytes of residents it did not touch): for a StageMemo."""
+        n_ops, n_steps, n_cols, n_rel, n_comp, n_copy, copied = mark
+        cols = self.mem_cols[n_cols:]
+        mem = np.stack(cols, axis=1) if cols else np.zeros((self.D, 0), dtype=np.int64)
+        return _StageRecord(
+            ops=self.ops[n_ops:],
+            steps=self.steps[n_steps:],
+            mem_rel=mem - offset[:, None],
+            loss_releases=self.loss_releases[n_rel:],
+            compute_terms=self.compute_terms[n_comp:],
+            copy_terms=self.copy_terms[n_copy:],
+            copied_bytes=self.copied - copied,
+        )
+
+    def reuse(self, rec: _StageRecord) -> None:
+        """Append a stage replayed before with the same inputs (its memory is the caller's:
+        :meth:`StageMemo.replay` assembles it for all stages at once)."""
+        self.ops += rec.ops
+        self.steps += rec.steps
+        self.loss_releases += rec.loss_releases
+        self.compute_terms += rec.compute_terms
+        self.copy_terms += rec.copy_terms
+        self.copied += rec.copied_bytes
 
     def stage(self, t: int) -> None:
         """Stage ``t``: start from its residents, run every node it computes in topological
@@ -275,17 +460,12 @@ class _Replay:
                     f"{dev[holders[0]]}; it must be on {dev[d]}"
                 )
             src = min(holders, key=lambda h: (CP[h, d, u], h))
-            self.time_copy += float(CP[src, d, u])
-            self.n_copies += 1
+            self.copy_terms.append(float(CP[src, d, u]))
             self.copied += m[u]
             transient += m[u]
             self.ops.append(Op("copy", t, u, d, src))
         self.ops.append(Op("compute", t, v, d))
-        self.time_compute += self.C[d][v]
-        self.n_comp += 1
-        if self.computed_once[v]:
-            self.n_recomp += 1
-        self.computed_once[v] = True
+        self.compute_terms.append(self.C[d][v])
         alive[d].add(v)
         alive_bytes[d] += m[v]
         if self.state_reader[v] >= 0:
@@ -306,17 +486,26 @@ class _Replay:
                     raise ScheduleError(msg)
                 self.violations.append(msg)
 
-    def result(self) -> Simulation:
+    def result(self, mem: np.ndarray | None = None) -> Simulation:
+        """The totals; ``mem`` (D, steps) when the caller assembled it (a StageMemo)."""
         D = self.D
         mem_cols = self.mem_cols
-        mem = np.stack(mem_cols, axis=1) if mem_cols else np.zeros((D, 0), dtype=np.int64)
+        if mem is None:
+            mem = np.stack(mem_cols, axis=1) if mem_cols else np.zeros((D, 0), dtype=np.int64)
+        time_compute = time_copy = 0.0
+        for c in self.compute_terms:  # in replay order, one addition at a time
+            time_compute += c
+        for c in self.copy_terms:
+            time_copy += c
+        n_comp = len(self.compute_terms)
         return Simulation(
-            time_s=self.time_compute + self.time_copy,
-            compute_time_s=self.time_compute,
-            copy_time_s=self.time_copy,
-            n_computes=self.n_comp,
-            n_recomputes=self.n_recomp,
-            n_copies=self.n_copies,
+            time_s=time_compute + time_copy,
+            compute_time_s=time_compute,
+            copy_time_s=time_copy,
+            n_computes=n_comp,
+            # every stage computed its frontier node, so each node ran; the rest are again
+            n_recomputes=n_comp - self.n,
+            n_copies=len(self.copy_terms),
             copied_bytes=self.copied,
             peak_bytes=mem.max(axis=1) if mem.size else np.zeros(D, dtype=np.int64),
             mem_bytes=mem,
@@ -327,28 +516,37 @@ class _Replay:
         )
 
 
-def _check_structure(g, R: np.ndarray, S: np.ndarray, A: np.ndarray, names: list[str]) -> None:
+def _check_structure(
+    g, R: np.ndarray, S: np.ndarray, A: np.ndarray, names: list[str], stages=None
+) -> None:
     """Stage structure: nothing resident before stage 0, no computation ahead of the frontier,
-    nothing resident before its first computation, states only of ops that have one."""
+    nothing resident before its first computation, states only of ops that have one. Each
+    rule reads one stage's rows; ``stages`` (ascending) checks only those."""
     n = g.size
-    if S[:, 0, :].any() or A[:, 0, :].any():
+    rows = np.arange(R.shape[1]) if stages is None else np.asarray(stages)
+    if rows.size and rows[0] == 0 and (S[:, 0, :].any() or A[:, 0, :].any()):
         raise ScheduleError("stage 0: nothing can be resident before the first stage")
-    upper = np.triu(np.ones((n, n), dtype=bool), k=1)
+    if stages is not None:
+        R, S, A = R[:, rows], S[:, rows], A[:, rows]
+    col = np.arange(n)[None, :]
+    upper = col > rows[:, None]
     if (R & upper).any():
         d, t, i = np.argwhere(R & upper)[0]
-        raise ScheduleError(f"stage {t}: node {i} ({names[i]}) is computed ahead of the frontier")
-    not_yet = ~np.tril(np.ones((n, n), dtype=bool), k=-1)
+        raise ScheduleError(
+            f"stage {rows[t]}: node {i} ({names[i]}) is computed ahead of the frontier"
+        )
+    not_yet = col >= rows[:, None]
     for what, X in (("", S), ("the state of ", A)):
         if (X & not_yet).any():
             d, t, i = np.argwhere(X & not_yet)[0]
             raise ScheduleError(
-                f"stage {t}: {what}node {i} ({names[i]}) is resident before it was computed"
+                f"stage {rows[t]}: {what}node {i} ({names[i]}) is resident before it was computed"
             )
     stateless = g.state_reader < 0
     if A[:, :, stateless].any():
         d, t, i = np.argwhere(A & stateless[None, None, :])[0]
         raise ScheduleError(
-            f"stage {t}: the schedule keeps a state of node {i} ({names[i]}), which has none"
+            f"stage {rows[t]}: the schedule keeps a state of node {i} ({names[i]}), which has none"
         )
 
 
@@ -358,6 +556,17 @@ def _row_lists(M: np.ndarray) -> list[list[int]]:
     bounds = np.searchsorted(rows, np.arange(M.shape[0] + 1)).tolist()
     cols = cols.tolist()
     return [cols[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def _rows_at(M: np.ndarray, rows: np.ndarray, T: int | None = None) -> list:
+    """:func:`_row_lists` of the given rows of ``M`` (all of ``M``'s rows, or ``T`` of them
+    when ``M`` holds those rows only), ``None`` for the others."""
+    T = M.shape[0] if T is None else T
+    out: list = [None] * T
+    lists = _row_lists(M[rows] if M.shape[0] == T else M)
+    for r, cols in zip(rows.tolist(), lists, strict=True):
+        out[r] = cols
+    return out
 
 
 def _row_bytes(X: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
@@ -371,6 +580,17 @@ def _keep_breaks(R: np.ndarray, S: np.ndarray, A: np.ndarray) -> np.ndarray:
     bad = (A & R).any(axis=(0, 2))
     nxt = (S[:, 1:] & ~S[:, :-1] & ~R[:, :-1]) | (A[:, 1:] & ~A[:, :-1] & ~R[:, :-1])
     bad[:-1] |= nxt.any(axis=(0, 2))
+    return bad
+
+
+def _keep_breaks_at(R: np.ndarray, S: np.ndarray, A: np.ndarray, stages: np.ndarray):
+    """:func:`_keep_breaks` of the given stages only."""
+    T = R.shape[1]
+    bad = (A[:, stages] & R[:, stages]).any(axis=(0, 2))
+    inner = stages + 1 < T
+    s = stages[inner]
+    nxt = (S[:, s + 1] & ~S[:, s] & ~R[:, s]) | (A[:, s + 1] & ~A[:, s] & ~R[:, s])
+    bad[inner] |= nxt.any(axis=(0, 2))
     return bad
 
 

@@ -32,7 +32,7 @@ import numpy as np
 
 from xengine.problem import Instance
 from xengine.schedule import Schedule
-from xengine.simulate import ScheduleError, simulate
+from xengine.simulate import ScheduleError, StageMemo, simulate
 from xengine.solvers import SolverOptions, SolverUnavailable
 
 log = logging.getLogger(__name__)
@@ -98,10 +98,12 @@ class Spread:
         return int((self.schedule.R.sum(axis=(1, 2)) > 0).sum())
 
 
-def _score(inst: Instance, sched: Schedule) -> tuple[float, float, np.ndarray] | None:
+def _score(
+    inst: Instance, sched: Schedule, memo: StageMemo | None = None
+) -> tuple[float, float, np.ndarray] | None:
     """(excess over budgets in bytes, time, peaks), lexicographic: fitting comes first."""
     try:
-        sim = simulate(inst, sched, check_budget=False)
+        sim = simulate(inst, sched, check_budget=False, memo=memo)
     except ScheduleError:
         return None
     excess = float(np.maximum(sim.peak_bytes - inst.budgets, 0).sum())
@@ -141,6 +143,7 @@ def spread(
     n_units = int(unit.max()) + 1
     evals = 0
     best: tuple[tuple[float, float], str, np.ndarray, Schedule, np.ndarray] | None = None
+    memo = StageMemo(inst)  # a move changes the stages of one (forward, backward) pair
 
     def consider(label: str, single: Schedule, unit_dev: np.ndarray):
         nonlocal evals, best
@@ -148,7 +151,7 @@ def spread(
             return None
         evals += 1
         sched = place(single, inst.devices, unit_dev[unit])
-        sc = _score(inst, sched)
+        sc = _score(inst, sched, memo)
         if sc is None:
             return None
         key = (sc[0], sc[1])
