@@ -107,8 +107,11 @@ def solve_checkmate(
     if not warm_start:
         best = None
     bound_s = None
+    too_big = milp_memory_problem(inst.graph)
     if frontier:
-        best, bound_s, done = _frontier_phase(inst, solver, options, best, progress, extra, t_start)
+        best, bound_s, done = _frontier_phase(
+            inst, solver, options, best, progress, extra, t_start, whole=too_big is not None
+        )
         if done is not None:
             return _typed(done, extra)
     remaining = options  # the limit holds for the whole strategy, heuristics included
@@ -116,7 +119,6 @@ def solve_checkmate(
         left_s = options.time_limit_s - (time.perf_counter() - t_start)
         remaining = dataclasses.replace(options, time_limit_s=max(left_s, 1.0))
     start = best if warm_start else None
-    too_big = milp_memory_problem(inst.graph)
     if too_big is not None:  # refused before it is built: the best schedule at hand answers
         log.warning("checkmate %s: the full MILP is not built: %s", inst.graph.name, too_big)
         extra["milp_refused"] = too_big
@@ -259,15 +261,18 @@ def _frontier_phase(
     progress: ProgressFn | None,
     extra: dict,
     t_start: float,
+    whole: bool = False,
 ) -> tuple[StrategyResult | None, float | None, StrategyResult | None]:
     """Solve the frontier relaxation: ``(best start, its bound in s, the final answer when it
     settles the instance)``. Its schedule replaces the start when it fits and is faster. It
     gets :data:`FRONTIER_SHARE` of the limit, never more than is left of it: the heuristics
-    can outrun their share on large graphs (137 s for their 96 s at 48 GPT-2 layers, 240 s)."""
+    can outrun their share on large graphs (137 s for their 96 s at 48 GPT-2 layers, 240 s).
+    With ``whole`` (the full MILP will not be built: too large for the host) it gets all that
+    is left; otherwise the strategy would end at about half its limit with time unused."""
     limit = options.time_limit_s
     if limit is not None:
         left_s = limit - (time.perf_counter() - t_start)
-        limit = max(min(limit * FRONTIER_SHARE, left_s), 1.0)
+        limit = max(left_s if whole else min(limit * FRONTIER_SHARE, left_s), 1.0)
     fr_options = dataclasses.replace(options, time_limit_s=limit)
     seed_s = None if seed is None else seed.sim.time_s
 

@@ -174,13 +174,14 @@ def solve_chen_greedy(inst: Instance) -> StrategyResult:
     scale = float(simulate(inst, sqrt_sched, check_budget=False).peak_bytes.max())
     tried: dict[tuple[int, ...], float] = {}
     best = None
+    memo = StageMemo(inst)  # neighbouring segment budgets share most segments
     for f in GREEDY_SWEEP:
         keep = tuple(greedy_checkpoints(inst, cand, f * scale))
         if keep in tried:
             continue
         tried[keep] = f * scale
         sched = schedule_from_checkpoints(g, keep, dev)
-        sim = simulate(inst, sched, check_budget=False)
+        sim = simulate(inst, sched, check_budget=False, memo=memo)
         key = (
             (0, sim.time_s, int(sim.peak_bytes.max()))
             if sim.within_budget

@@ -207,6 +207,17 @@ def steps(out: Path, quick: bool) -> list[Step]:
             quick_s=155,
         ),
         Step(
+            "heuristic_speed",
+            (f"{PY} experiments/heuristic_speed.py --layers 12,24 --repeats 2",),
+            (
+                f"{PY} experiments/heuristic_speed.py --layers 6 --repeats 1 "
+                f"--out {out}/heuristic_speed",
+            ),
+            ("heuristic_speed/heuristic_speed.png",),
+            full_s=240,
+            quick_s=60,
+        ),
+        Step(
             "coarsening_h200",
             (
                 f"{PY} experiments/solver_benchmark.py --suite full --costs h200 --graphs "

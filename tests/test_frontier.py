@@ -207,3 +207,21 @@ def test_the_relaxation_gets_its_share_or_what_is_left_of_the_limit(monkeypatch,
     cm._frontier_phase(inst, "highs", opts, None, None, {}, t_start)
     want = 100.0 * cm.FRONTIER_SHARE if spent_share == 0.0 else 100.0 * (1 - spent_share)
     assert given[0] == pytest.approx(want, abs=0.5)
+
+
+def test_the_relaxation_gets_all_that_is_left_when_the_milp_will_not_be_built(monkeypatch):
+    # at 48 GPT-2 layers the MILP is refused (14.7 GiB): after the relaxation's half the
+    # strategy answered with half of its limit unused
+    g = chain(9)
+    inst = _inst(g, _mid_budgets(g)[1])
+    given = []
+
+    def record(inst, solver, options, start=None, progress=None):
+        given.append(options.time_limit_s)
+        return _no_bound(inst, solver, options)
+
+    monkeypatch.setattr(cm, "solve_frontier", record)
+    monkeypatch.setattr(cm, "milp_memory_problem", lambda graph: "too large for this test")
+    res = cm.solve_checkmate(inst, options=SolverOptions(time_limit_s=100.0))
+    assert given and given[0] > 90.0  # what the heuristics left of 100 s, not 50
+    assert "too large for this test" in res.extra["milp_refused"]

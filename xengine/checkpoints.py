@@ -24,7 +24,7 @@ import numpy as np
 from xengine.graph.types import Graph
 from xengine.problem import Instance
 from xengine.schedule import Schedule
-from xengine.simulate import simulate
+from xengine.simulate import _row_lists, simulate
 
 
 def device_name(graph: Graph, device: int | str = 0) -> str:
@@ -49,8 +49,8 @@ def _as_stage_matrix(graph: Graph, S: np.ndarray) -> np.ndarray:
     n = graph.size
     if S.shape != (n, n):
         raise ValueError(f"S must be ({n}, {n}) for graph {graph.name!r}; got {S.shape}")
-    S = S.astype(bool)
-    bad = S & ~np.tril(np.ones((n, n), dtype=bool), k=-1)
+    S = S.astype(bool)  # a copy, which solve_r_opt may reduce in place
+    bad = np.triu(S)  # the diagonal and above (one pass; the heuristics call this per move)
     if bad.any():
         t, i = np.argwhere(bad)[0]
         raise ValueError(
@@ -62,38 +62,30 @@ def _as_stage_matrix(graph: Graph, S: np.ndarray) -> np.ndarray:
 
 def _stage_r(
     preds: tuple[tuple[int, ...], ...],
-    t: int,
-    s_now: set[int],
-    s_next: set[int],
-    states: tuple[list[int], set[int], set[int]] | None = None,
+    first: set[int],
+    s_now: np.ndarray,
+    states: tuple[list[int], np.ndarray] | None = None,
 ) -> set[int]:
-    """The nodes stage ``t`` must compute: its frontier node, every node that becomes a
-    checkpoint for stage ``t + 1`` without being one now, and, transitively, every input of a
-    computed node that is not resident (Checkmate walks the stage from ``t`` down; a closure
-    over a stack gives the same set in time proportional to what is computed).
+    """The nodes a stage must compute: ``first`` (its frontier node, and every node that
+    becomes a checkpoint for the next stage without being resident now) and, transitively,
+    every input of a computed node that is not resident (``s_now``, the stage's row).
+    Checkmate walks the stage from its frontier down; a closure over a stack gives the same
+    set in time proportional to what is computed.
 
-    Rows are sets of node indices: stages hold a few hundred residents out of thousands of
-    nodes, and set operations on them cost a fraction of whole-row numpy calls (GPT-2, 781
-    nodes: 41 us a stage with numpy rows).
-
-    With ``states = (state_source, a_now, a_next)`` (a given state residency) the same holds
-    for autograd states: a forward op whose state is kept for ``t + 1`` but not resident now,
-    or whose state a computed backward op needs and does not find, is computed too."""
-    r = {t} | (s_next - s_now)  # rows of stage t + 1 name nodes up to t only
-    if states is not None:
-        src, a_now, a_next = states
-        r |= a_next - a_now
+    With ``states = (state_source, a_now)`` (a given state residency) the same holds for
+    autograd states: a backward op whose forward op's state is not resident needs that
+    forward op computed, even where its value is resident (only a computation makes a
+    state)."""
+    r = set(first)
     stack = list(r)
     while stack:
         v = stack.pop()
         for u in preds[v]:
-            if u not in r and u not in s_now:
+            if u not in r and not s_now[u]:
                 r.add(u)
                 stack.append(u)
-        # a backward op whose state is not resident needs its forward op computed, even where
-        # that op's value is resident: only a computation makes a state
-        w = src[v] if states is not None else -1
-        if w >= 0 and w not in a_now and w not in r:
+        w = states[0][v] if states is not None else -1
+        if w >= 0 and not states[1][w] and w not in r:
             r.add(w)
             stack.append(w)
     return r
@@ -124,52 +116,68 @@ def solve_r_opt(
     a state that is not resident where a backward op needs it is made by computing its
     forward op in that stage. Without it the state residency is left to the simulator's
     minimal rule (:func:`xengine.schedule.minimal_state_residency`).
+
+    Why it reads where residencies begin and end, not whole rows: the heuristics call it
+    hundreds of times on graphs of thousands of nodes whose rows hold hundreds of residents
+    each, and a stage needs only what changes at its boundary (what the next stage keeps
+    anew, what stops being resident) and the residency of the few nodes it computes.
     """
     name = device_name(graph, device)
     S = _as_stage_matrix(graph, S)
     n = graph.size
     preds = graph.predecessors
-    rows_S = _row_sets(S)
-    A = None if S_state is None else _as_stage_matrix(graph, S_state)
-    rows_A = None if A is None else _row_sets(A)
     src = graph.state_source.tolist()
-    rows_R: list[set[int]] = [set()] * n
-    s_next: set[int] = set()
-    a_next: set[int] = set()
+    A = None if S_state is None else _as_stage_matrix(graph, S_state)
+    walk_S = _Residency(S, drop_unused)
+    walk_A = None if A is None else _Residency(A, drop_unused)
+    R = np.zeros((n, n), dtype=bool)
     for t in range(n - 1, -1, -1):
-        states = None if rows_A is None else (src, rows_A[t], a_next)
-        r = rows_R[t] = _stage_r(preds, t, rows_S[t], s_next, states)
+        first = {t, *walk_S.kept_anew(t)}
+        if walk_A is not None:
+            first.update(walk_A.kept_anew(t))
+        r = _stage_r(preds, first, S[t], None if A is None else (src, A[t]))
+        R[t, list(r)] = True
         if drop_unused:
-            read = set().union(*(preds[v] for v in r))
-            # removing an unread resident leaves R[t] unchanged; R[t-1] sees the reduced row
-            rows_S[t] &= read | s_next
-            if rows_A is not None:
-                rows_A[t] &= {src[v] for v in r if src[v] >= 0} | a_next
-        s_next = rows_S[t]
-        a_next = a_next if rows_A is None else rows_A[t]
-    R = _matrix(rows_R, n)
-    if drop_unused:
-        S = _matrix(rows_S, n)
-        A = None if rows_A is None else _matrix(rows_A, n)
-    return Schedule((name,), R[None], S[None], None if A is None else A[None])
+            # a resident that the stage neither reads nor keeps goes; R[t] is unchanged by it
+            walk_S.drop_unread(t, set().union(*(preds[v] for v in r)))
+            if walk_A is not None:
+                walk_A.drop_unread(t, {src[v] for v in r if src[v] >= 0})
+    S_out = walk_S.reduced()
+    A_out = None if walk_A is None else walk_A.reduced()
+    return Schedule((name,), R[None], S_out[None], None if A_out is None else A_out[None])
 
 
-def _row_sets(M: np.ndarray) -> list[set[int]]:
-    """The column indices of each row of a bool matrix, as sets."""
-    rows, cols = np.nonzero(M)
-    bounds = np.searchsorted(rows, np.arange(M.shape[0] + 1)).tolist()
-    cols = cols.tolist()
-    return [set(cols[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+class _Residency:
+    """A residency matrix walked from the last stage to the first by :func:`solve_r_opt`:
+    where its intervals begin and end, and what ``drop_unused`` removed so far."""
 
+    def __init__(self, M: np.ndarray, drop_unused: bool) -> None:
+        self.M = M
+        nxt = np.zeros_like(M)
+        nxt[:-1] = M[1:]
+        self.begins = _row_lists(nxt & ~M)  # [t]: resident at t + 1, not at t
+        self.ends = _row_lists(M & ~nxt) if drop_unused else None  # [t]: at t, not at t + 1
+        self.gone_next: set[int] = set()  # removed from row t + 1 of the reduced matrix
+        self.gone: list[tuple[int, list[int]]] = []
 
-def _matrix(rows: list[set[int]], n: int) -> np.ndarray:
-    """The (len(rows), n) bool matrix whose row ``t`` holds ``rows[t]``."""
-    M = np.zeros((len(rows), n), dtype=bool)
-    counts = [len(r) for r in rows]
-    if sum(counts):
-        cols = np.fromiter((c for r in rows for c in r), dtype=np.int64, count=sum(counts))
-        M[np.repeat(np.arange(len(rows)), counts), cols] = True
-    return M
+    def kept_anew(self, t: int) -> list[int]:
+        """Kept for stage ``t + 1`` (reduced) and not resident at ``t``: made in stage t."""
+        return [u for u in self.begins[t] if u not in self.gone_next]
+
+    def drop_unread(self, t: int, read: set[int]) -> None:
+        """Reduce row ``t``: a resident not in ``read`` and not in the reduced row ``t + 1``."""
+        row = self.M[t]
+        cand = self.ends[t] + [u for u in self.gone_next if row[u]]
+        gone = {u for u in cand if u not in read}
+        if gone:
+            self.gone.append((t, list(gone)))
+        self.gone_next = gone
+
+    def reduced(self) -> np.ndarray:
+        """The matrix with what was dropped removed (in place: the walk is over)."""
+        for t, cols in self.gone:
+            self.M[t, cols] = False
+        return self.M
 
 
 def _forward_like(graph: Graph) -> np.ndarray:

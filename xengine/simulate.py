@@ -143,8 +143,6 @@ class StageMemo:
     """
 
     def __init__(self, inst: Instance, max_bytes: int = 256 * 2**20) -> None:
-        from scipy import sparse  # noqa: PLC0415 - only memoised replays need it
-
         g = inst.graph
         self.inst = inst
         # keys take 5 D n / 8 bytes, a record about as much again: 256 MiB hold ~50k
@@ -153,15 +151,12 @@ class StageMemo:
         self.entries: dict[tuple[int, bytes], _StageRecord] = {}
         self.hits = 0
         self.misses = 0
-        n = g.size
-        rows = [v for v in range(n) for _ in g.predecessors[v]]
-        cols = [u for v in range(n) for u in g.predecessors[v]]
-        self._reads = sparse.csr_matrix(
-            (np.ones(len(rows), dtype=np.int32), (rows, cols)), shape=(n, n)
-        )
-        self._sparse = sparse
-        self._has_state = g.state_reader >= 0
-        self._state_reader = np.where(self._has_state, g.state_reader, 0)
+        # each node's inputs as one flat array (CSR style): the reads of a stage are gathered
+        # from its computations' entries, not from its whole row
+        counts = [len(p) for p in g.predecessors]
+        self._pred_ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self._pred_idx = np.array([u for p in g.predecessors for u in p], dtype=np.int64)
+        self._state_src = g.state_source
         self._nbytes = g.output_bytes.astype(np.float64)
         self._state_bytes = g.state_bytes.astype(np.float64)
 
@@ -171,10 +166,18 @@ class StageMemo:
         """Each stage's key (its index and the packed rows its replay reads, untouched
         residents left out) and ``(D, T)`` the bytes of those residents."""
         D, T, _ = R.shape
-        comp = R.any(axis=0)  # (T, n) computed in the stage on some device
-        read = (self._sparse.csr_matrix(comp, dtype=np.int32) @ self._reads).toarray() > 0
-        touched = comp | read
-        touched_st = comp | (comp[:, self._state_reader] & self._has_state)
+        comp = R[0] if D == 1 else R.any(axis=0)  # (T, n) computed in the stage
+        t_c, v_c = np.nonzero(comp)
+        lo = self._pred_ptr[v_c]
+        k = self._pred_ptr[v_c + 1] - lo  # inputs per computation
+        first = np.cumsum(k) - k
+        touched = comp.copy()  # what the stage computes and reads
+        touched[
+            np.repeat(t_c, k), self._pred_idx[np.repeat(lo - first, k) + np.arange(k.sum())]
+        ] = True
+        touched_st = comp.copy()  # states made or read (by a backward op) in the stage
+        src = self._state_src[v_c]
+        touched_st[t_c[src >= 0], src[src >= 0]] = True
         S_next = np.zeros_like(S)
         S_next[:, :-1] = S[:, 1:]
         A_next = np.zeros_like(A)
