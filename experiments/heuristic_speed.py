@@ -24,7 +24,6 @@ import argparse
 import csv
 import logging
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,6 +38,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from baselines.heuristics import hold_recomputations, solve_recompute_greedy  # noqa: E402
+from experiments.reproduce import commit as checkout_commit  # noqa: E402
 from experiments.solver_scaling import profiled_reference, scaled_graph  # noqa: E402
 from xengine.problem import Instance  # noqa: E402
 from xengine.records.plots import save_figure  # noqa: E402
@@ -60,19 +60,6 @@ FIELDS = [
     "n_held",
     "held_time_ms",
 ]
-
-
-def _commit() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def measure(inst: Instance) -> dict:
@@ -135,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     path = args.out / "heuristic_speed.csv"
     if not args.plot_only:
         args.out.mkdir(parents=True, exist_ok=True)
-        commit = _commit()
+        commit = checkout_commit()
         ref = profiled_reference()
         new_file = not path.exists()
         with path.open("a", newline="") as f:

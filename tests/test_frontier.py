@@ -187,6 +187,18 @@ def test_a_start_within_the_gap_of_every_op_once_is_optimal_without_the_milp(mon
     assert res.best_bound_s == pytest.approx(float(inst.compute_s.sum()), rel=1e-12)
 
 
+def _record_limits(monkeypatch) -> list[float]:
+    """The time limits the frontier relaxation is given from now on (it proves nothing)."""
+    given: list[float] = []
+
+    def record(inst, solver, options, start=None, progress=None):
+        given.append(options.time_limit_s)
+        return _no_bound(inst, solver, options)
+
+    monkeypatch.setattr(cm, "solve_frontier", record)
+    return given
+
+
 @pytest.mark.parametrize("spent_share", [0.0, 0.8])
 def test_the_relaxation_gets_its_share_or_what_is_left_of_the_limit(monkeypatch, spent_share):
     # its share counted from its own start let a 240 s row end at 265-276 s at 48 GPT-2
@@ -195,13 +207,7 @@ def test_the_relaxation_gets_its_share_or_what_is_left_of_the_limit(monkeypatch,
 
     g = chain(9)
     inst = _inst(g, _mid_budgets(g)[1])
-    given = []
-
-    def record(inst, solver, options, start=None, progress=None):
-        given.append(options.time_limit_s)
-        return _no_bound(inst, solver, options)
-
-    monkeypatch.setattr(cm, "solve_frontier", record)
+    given = _record_limits(monkeypatch)
     opts = SolverOptions(time_limit_s=100.0)
     t_start = time.perf_counter() - spent_share * 100.0
     cm._frontier_phase(inst, "highs", opts, None, None, {}, t_start)
@@ -214,13 +220,7 @@ def test_the_relaxation_gets_all_that_is_left_when_the_milp_will_not_be_built(mo
     # strategy answered with half of its limit unused
     g = chain(9)
     inst = _inst(g, _mid_budgets(g)[1])
-    given = []
-
-    def record(inst, solver, options, start=None, progress=None):
-        given.append(options.time_limit_s)
-        return _no_bound(inst, solver, options)
-
-    monkeypatch.setattr(cm, "solve_frontier", record)
+    given = _record_limits(monkeypatch)
     monkeypatch.setattr(cm, "milp_memory_problem", lambda graph: "too large for this test")
     res = cm.solve_checkmate(inst, options=SolverOptions(time_limit_s=100.0))
     assert given and given[0] > 90.0  # what the heuristics left of 100 s, not 50
