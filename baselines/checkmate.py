@@ -15,7 +15,6 @@ import logging
 import time
 
 import numpy as np
-import scipy.sparse as sp
 
 from baselines.heuristics import (
     best_fitting,
@@ -30,11 +29,11 @@ from xengine.checkpoints import budget_range_message, schedule_from_checkpoints,
 from xengine.problem import Instance
 from xengine.result import RelaxationRun, StrategyResult
 from xengine.simulate import ScheduleError, simulate
-from xengine.solvers import MilpModel, ProgressFn, SolverOptions, solve
+from xengine.solvers import ProgressFn, SolverOptions, solve
 from xengine.solvers.model import SOLUTION_STATUSES, relative_gap
 from xengine.strategies.bounds import once_bound_s
 from xengine.strategies.formulation import build
-from xengine.strategies.frontier import solve_frontier
+from xengine.strategies.frontier import FRONTIER_SHARE, solve_frontier
 from xengine.strategies.model_size import milp_memory_problem
 
 log = logging.getLogger(__name__)
@@ -50,8 +49,6 @@ def _consistent(model, res) -> bool:
     return bool(np.isclose(model.objective(res.x), res.objective, rtol=1e-7, atol=1e-9))
 
 
-FRONTIER_SHARE = 0.5
-"""Share of the time limit the frontier relaxation may use before the full MILP starts."""
 HEURISTIC_SHARE = 0.25
 """Share of the time limit the seeding heuristics may use (``recompute_greedy`` alone took
 471 s on a 1,549-node GPT-2 graph, past a 240 s limit)."""
@@ -405,18 +402,6 @@ def _apply_bound(
             out.message = f"optimal: the schedule meets {what}"
 
 
-def _with_floor(model: MilpModel, floor: float) -> MilpModel:
-    """``model`` with the row ``objective >= floor``: a proven bound handed to the solver,
-    so that its gap starts there (and it stops once an incumbent meets it)."""
-    A = sp.vstack([model.A, sp.csr_matrix(model.c[None, :])]).tocsr()
-    return dataclasses.replace(
-        model,
-        A=A,
-        row_lb=np.r_[model.row_lb, floor - model.offset],
-        row_ub=np.r_[model.row_ub, np.inf],
-    )
-
-
 def _solve_milp(
     inst: Instance,
     solver: str,
@@ -433,7 +418,7 @@ def _solve_milp(
     form = build(inst, mode="exact")
     model = form.model
     if bound_s is not None:
-        model = _with_floor(model, bound_s / form.time_scale * (1 - FLOOR_RTOL))
+        model = model.with_floor(bound_s / form.time_scale * (1 - FLOOR_RTOL))
     x0 = None
     if seed is not None:
         x0 = form.assignment(seed.schedule)

@@ -268,9 +268,16 @@ def suite_cases(
     return cases
 
 
-def budgets_for(g: Graph) -> list[tuple[str, int]]:
+def budgets_for(g: Graph, asked: set[str] = frozenset()) -> list[tuple[str, int]]:
+    """The suite's budgets, and any other percentage of keep-everything ``asked`` names
+    (``--budgets 55%``)."""
     peak = keep_all_peak_bytes(g)
-    out = [(label, int(frac * peak)) for label, frac in BUDGETS if frac is not None]
+    fractions = [(label, frac) for label, frac in BUDGETS if frac is not None]
+    named = {label for label, _ in BUDGETS}
+    for label in sorted(asked - named):
+        if label.endswith("%") and label[:-1].replace(".", "", 1).isdigit():
+            fractions.append((label, float(label[:-1]) / 100))
+    out = [(label, int(frac * peak)) for label, frac in fractions]
     lower, known = min_feasible_budget_bytes(g)
     # the smallest budget known to fit one device (== the smallest feasible when lower == known)
     out.append(("min" if lower >= known else "min_known", int(known)))
@@ -920,7 +927,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--graphs", default="", help="comma-separated graph names to keep")
     ap.add_argument("--devices", default="1,2", help="device counts to run: 1, 2 or 1,2")
-    ap.add_argument("--budgets", default="", help="budget labels to keep (90%%,70%%,50%%,min)")
+    ap.add_argument(
+        "--budgets",
+        default="",
+        help="budget labels to keep (90%%,70%%,50%%,min, or any other percentage: 55%%)",
+    )
     ap.add_argument("--batch-size", type=int, default=8, help="full suite: nets' batch size")
     ap.add_argument(
         "--twins",
@@ -982,7 +993,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         if args.twins and len(case.devices) == 2:
             case = Case(case.suite, twin_graph(case.graph), ("a", "a2"))
-        for budget in budgets_for(case.graph):
+        for budget in budgets_for(case.graph, keep_budgets):
             if keep_budgets and budget[0] not in keep_budgets:
                 continue
             quick_only = QUICK_BUDGETS.get(case.graph.name)

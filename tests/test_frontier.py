@@ -135,7 +135,7 @@ def test_a_weak_bound_hands_over_to_the_milp_with_a_floor(monkeypatch):
     # a floor at the optimum itself cuts nothing off
     form = cm.build(inst, mode="exact")
     floor = alone.objective_s / form.time_scale * (1 - cm.FLOOR_RTOL)
-    sr = solve(cm._with_floor(form.model, floor), "highs", OPTS)
+    sr = solve(form.model.with_floor(floor), "highs", OPTS)
     assert sr.status == "optimal"
     assert form.objective_s(sr.x) == pytest.approx(alone.objective_s, rel=1e-9)
 

@@ -109,6 +109,20 @@ class MilpModel:
             val += float(np.sum(self.q_val * x[self.q_i] * x[self.q_j]))
         return val
 
+    def with_floor(self, floor: float) -> MilpModel:
+        """This model with the row ``objective >= floor``: a bound proven elsewhere (a
+        relaxation's) handed to the solver, so that its gap starts there and it stops once an
+        incumbent meets it."""
+        import dataclasses
+
+        A = sp.vstack([self.A, sp.csr_matrix(self.c[None, :])]).tocsr()
+        return dataclasses.replace(
+            self,
+            A=A,
+            row_lb=np.r_[self.row_lb, floor - self.offset],
+            row_ub=np.r_[self.row_ub, np.inf],
+        )
+
     def max_violation(self, x: np.ndarray) -> float:
         """Largest violation of rows, bounds or integrality by ``x`` (0 for a feasible point)."""
         ax = self.A @ x

@@ -47,6 +47,9 @@ MEM_UNIT_BYTES = 2**20
 """Memory rows are written in MiB, which keeps their coefficients near 1."""
 TIME_UNIT_S = 1e-3
 """The objective is written in ms."""
+FRONTIER_SHARE = 0.5
+"""Share of the time limit the frontier relaxation may use before Checkmate's full MILP starts
+(``baselines/checkmate.py``)."""
 
 
 @dataclass
@@ -211,7 +214,9 @@ def _frontier_memory_rows(b: ModelBuilder, inst: Instance, Hix, prod, nbytes, re
 class FrontierResult:
     """What the relaxation gave: a proven lower bound on any schedule's time (``bound_s``,
     ``None`` when the solver proved none), and the residency ``S`` of its best solution
-    (``None`` when there was none; see :meth:`FrontierModel.residency_from`)."""
+    (``None`` when there was none; see :meth:`FrontierModel.residency_from`). Over several
+    devices (:mod:`xengine.strategies.device_frontier`) ``S`` is ``None`` and ``schedule`` the
+    valid schedule read from the solution (whether it fits is the simulator's call)."""
 
     status: str
     bound_s: float | None
@@ -222,6 +227,7 @@ class FrontierResult:
     n_vars: int
     n_rows: int
     extra: dict = field(default_factory=dict)
+    schedule: Schedule | None = None
 
 
 def solve_frontier(
