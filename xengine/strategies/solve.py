@@ -94,9 +94,9 @@ def solve_xengine(
     for at most :data:`DEVICE_FRONTIER_SHARE` of the limit, as in Checkmate's solve: its bound
     holds for the whole problem and its solution, read back, is a schedule that often fits.
     When the best schedule meets its bound, that is the answer (optimal, no MILP); else the
-    MILP starts from it with the bound as a floor, for the rest of the limit. On resnet18 b8 over CPU + H200 (version-1 graphs, 50 %) the relaxation
-    proves the optimum in 13 s, where the MILP alone took 25 minutes
-    (docs/measurements.md).
+    MILP starts from it with the bound as a floor, for the rest of the limit. On resnet18 b8
+    over CPU + H200 (version-1 graphs, 50 %) the relaxation proves the optimum in 15 s, where
+    the MILP alone took 25 minutes (docs/measurements.md).
 
     ``formulation="intervals"`` solves the retention-interval model of
     :mod:`xengine.strategies.intervals` instead (``solver`` must be ``cpsat``; ``build_options``
