@@ -139,4 +139,3 @@ def test_an_optimum_the_relaxation_proves_needs_no_milp():
     assert res.status == "optimal" and res.gap <= 1e-6
     assert res.n_vars == res.frontier.n_vars  # the relaxation's size: no MILP was built
     assert res.frontier.schedule_fits
-
