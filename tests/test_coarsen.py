@@ -338,7 +338,7 @@ def test_solve_coarse_reports_the_fine_schedule():
     assert res.best_bound_s is None and res.objective_s is None
     assert res.coarse.nodes == c.graph.size
     assert res.placement_bound_s is None and res.lp_bound_s is None
-    assert res.coarse.objective_s >= res.sim.compute_time_s
+    assert res.coarse.objective_s >= res.sim.compute_time_s * (1 - 1e-12)  # summation order
     assert res.strategy == "xengine-coarse"
 
 

@@ -13,9 +13,16 @@ from xengine.schedule import keep_all_schedule
 from xengine.simulate import keep_all_peak_bytes, simulate
 from xengine.solvers import SolverOptions
 from xengine.strategies.formulation import build, default_free_rows
-from xengine.strategies.solve import agree, solve_xengine
+from xengine.strategies.solve import agree
+from xengine.strategies.solve import solve_xengine as _solve_xengine
 
 OPTS = SolverOptions(time_limit_s=60, rel_gap=1e-9)
+
+
+def solve_xengine(*args, **kwargs):
+    """The MILP alone (no frontier relaxation first): these tests are about the formulation,
+    whose objective and memory must equal the simulator's (``agree``)."""
+    return _solve_xengine(*args, frontier=False, **kwargs)
 
 
 def _single(g, dev, budget):

@@ -80,11 +80,12 @@ def test_xengine_refuses_its_model_and_keeps_the_start(monkeypatch):
     assert alone.status == "feasible" and alone.sim.n_recomputes > 0  # slower than the bound
     start = alone.schedule.on_devices(inst.devices)
     monkeypatch.setattr(model_size, "available_host_bytes", lambda: 2**20)  # 1 MiB free
-    res = solve_xengine(inst, warm_start=start, options=SolverOptions())
+    # the MILP's refusal alone: the frontier relaxation first would settle this small instance
+    res = solve_xengine(inst, warm_start=start, options=SolverOptions(), frontier=False)
     assert res.status == "feasible" and res.schedule is start
     assert "XEngine's model was not built" in res.message and "over 2 devices" in res.message
     assert "1.0 MiB free" in res.extra["milp_refused"] and res.n_vars is None
     assert res.sim.within_budget and res.best_bound_s is not None  # the placement bound
-    cold = solve_xengine(inst, options=SolverOptions())
+    cold = solve_xengine(inst, options=SolverOptions(), frontier=False)
     assert cold.status == "no_solution" and cold.schedule is None
     assert "no start fits" in cold.message
