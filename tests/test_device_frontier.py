@@ -12,7 +12,11 @@ from tests.test_optimal import DEVICES, _instance, _optimum, _simulate, random_s
 from xengine.problem import Instance
 from xengine.simulate import simulate
 from xengine.solvers import SolverOptions
-from xengine.strategies.device_frontier import build_device_frontier, solve_device_frontier
+from xengine.strategies.device_frontier import (
+    build_device_frontier,
+    solve_device_frontier,
+    step_row_nonzeros,
+)
 from xengine.strategies.frontier import build_frontier
 
 
@@ -34,7 +38,7 @@ def test_every_simulated_schedule_is_a_point_within_its_time(seed, D):
         if sim is None:
             continue
         tight = _at_own_peaks(inst, sim.peak_bytes) if k % 2 else inst
-        fm = build_device_frontier(tight)
+        fm = build_device_frontier(tight, steps=bool(k % 4 == 1))  # every step's memory too
         x = fm.assignment(sched)
         assert fm.model.max_violation(x) <= 1e-6, (seed, D, k, fm.model.max_violation(x))
         obj_s = float(fm.model.c @ x) * 1e-3
@@ -46,6 +50,15 @@ def test_every_simulated_schedule_is_a_point_within_its_time(seed, D):
     assert checked >= 40, checked
     if D > 1:
         assert copied >= 10, copied
+
+
+def test_the_step_rows_estimate_covers_them():
+    for seed in range(3):
+        g = random_graph(seed, devices=DEVICES[2], states=True, latency_s=0.3)
+        inst = _instance(g, DEVICES[2], fraction=0.6)
+        plain = build_device_frontier(inst).model.A.nnz
+        steps = build_device_frontier(inst, steps=True).model.A.nnz
+        assert plain < steps <= plain + step_row_nonzeros(inst)
 
 
 @pytest.mark.parametrize("seed", range(3))
