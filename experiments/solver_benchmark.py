@@ -63,6 +63,7 @@ log = logging.getLogger("solver_benchmark")
 
 FORMULATIONS: dict[str, dict] = {
     "default": {},
+    "milp_only": {},
     "reference": {"free_rows": "hazard"},
     "hazard": {"free_rows": "hazard"},
     "symmetry": {},
@@ -73,7 +74,9 @@ FORMULATIONS: dict[str, dict] = {
 """Name -> keyword arguments of the formulation's builder (:data:`VARIANTS`, else
 :func:`xengine.strategies.formulation.build`). ``default`` is what
 :func:`xengine.strategies.solve.solve_xengine` builds for the solver (the tight FREE rows on the
-MILP solvers); ``hazard`` is the same reduced model with Checkmate's hazard-count FREE rows, the
+MILP solvers), with the frontier relaxation first over several devices; ``milp_only`` the
+same MILP without it (``frontier=False``, as before the relaxation; every other MILP form also
+runs without it); ``hazard`` is the same reduced model with Checkmate's hazard-count FREE rows, the
 default before they were measured here; ``reference`` the published form. ``intervals`` is the
 retention-interval model of :mod:`xengine.strategies.intervals`; it always runs on CP-SAT (its rows
 say
@@ -460,6 +463,7 @@ def run_one(
                 warm_start=x0,
                 build_options=bopts,
                 builder=VARIANTS.get(formulation, build),
+                frontier=formulation == "default",
             )
     except SolverUnavailable as exc:
         row.update(status="unavailable", note=str(exc).splitlines()[0])
