@@ -152,3 +152,22 @@ def test_an_optimum_the_relaxation_proves_needs_no_milp():
     assert res.status == "optimal" and res.gap <= 1e-6
     assert res.n_vars == res.frontier.n_vars  # the relaxation's size: no MILP was built
     assert res.frontier.schedule_fits
+
+
+def test_a_relaxation_too_large_for_the_host_is_not_built(monkeypatch):
+    """Issue 30 item 5: refused before it is built, with the line saying why; the MILP (small
+    here, so built) answers alone."""
+    from xengine.strategies import model_size
+    from xengine.strategies import solve as solve_module
+    from xengine.strategies.solve import solve_xengine
+
+    g = random_graph(0, devices=DEVICES[2], states=True, latency_s=0.3)
+    inst = _instance(g, DEVICES[2], fraction=0.7)
+    assert model_size.frontier_memory_problem(g, 2, free_bytes=2**40) is None
+    why = model_size.frontier_memory_problem(g, 2, free_bytes=1000)
+    assert "frontier relaxation" in why and "1000 B free" in why.replace("1000 bytes", "1000 B")
+    monkeypatch.setattr(model_size, "available_host_bytes", lambda: 1000)
+    monkeypatch.setattr(solve_module, "milp_memory_problem", lambda *a, **k: None)
+    res = solve_xengine(inst, options=SolverOptions(time_limit_s=30))
+    assert res.frontier is None and "frontier relaxation" in res.extra["frontier_refused"]
+    assert res.status == "optimal"  # the MILP alone

@@ -16,6 +16,11 @@ one device, 3.5x that on two and 6.6-6.7x on three; GPT-2 with 12 layers had 9,3
 devices, 3.74x the one-device estimate. So the estimate for D devices is 7.9 n E D^2, times
 :data:`TIGHT_ROWS_FACTOR` for the tight rows: 1.13-1.18x the model built on two devices,
 1.36-1.39x on three.
+
+The frontier relaxation over D devices (:mod:`xengine.strategies.device_frontier`) had 0.20-0.24
+of that estimate without its step rows (resnet18 b8 over two devices, version-1 and -2 graphs;
+GPT-2 with 12 layers: 2,555,886), so it is estimated as :data:`FRONTIER_SHARE_OF_MILP` of it,
+plus the step rows' own count, and refused the same way.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ NNZ_PER_NODE_EDGE = 7.9
 BYTES_PER_NNZ = 412
 TIGHT_ROWS_FACTOR = 1.06  # 1 / 0.95: the tight FREE rows' nonzeros over the hazard rows'
 SHARE_OF_FREE = 0.8  # of the host memory free now, the most a model may take
+FRONTIER_SHARE_OF_MILP = 0.25  # the relaxation over D devices against the MILP's estimate
 
 
 def available_host_bytes() -> int:
@@ -74,5 +80,22 @@ def milp_memory_problem(
     return (
         f"the MILP of {graph.size} nodes{over} would take about {format_bytes(need)} of host "
         f"memory (~{nnz:,} nonzeros at {BYTES_PER_NNZ} bytes each), more than "
+        f"{SHARE_OF_FREE:.0%} of the {format_bytes(free)} free"
+    )
+
+
+def frontier_memory_problem(
+    graph: Graph, n_devices: int, step_nonzeros: int = 0, free_bytes: int | None = None
+) -> str | None:
+    """Why the frontier relaxation over ``n_devices`` devices (with ``step_nonzeros`` of step
+    rows) is not to be built here, or None."""
+    free = available_host_bytes() if free_bytes is None else free_bytes
+    nnz = int(FRONTIER_SHARE_OF_MILP * milp_nonzeros(graph, n_devices, True)) + step_nonzeros
+    need = BYTES_PER_NNZ * nnz
+    if need <= SHARE_OF_FREE * free:
+        return None
+    return (
+        f"the frontier relaxation of {graph.size} nodes over {n_devices} devices would take "
+        f"about {format_bytes(need)} of host memory (~{nnz:,} nonzeros), more than "
         f"{SHARE_OF_FREE:.0%} of the {format_bytes(free)} free"
     )

@@ -115,7 +115,9 @@ def solve_xengine(
         )
     t0 = time.perf_counter()
     relaxed: _Relaxed | None = None
-    if frontier and formulation == "exact" and placement is None and inst.n_devices > 1:
+    wanted = frontier and formulation == "exact" and placement is None and inst.n_devices > 1
+    refused = _frontier_refused(inst) if wanted else None
+    if wanted and refused is None:
         relaxed = _frontier_phase(inst, solver, options, warm_start, strategy)
         if relaxed.answer is not None:
             return relaxed.answer
@@ -131,6 +133,8 @@ def solve_xengine(
         too_big = milp_memory_problem(inst.graph, n_devices=inst.n_devices, tight_rows=tight)
         if too_big is not None:
             res = _not_built(inst, solver, options, warm_start, strategy, too_big, t0, relaxed)
+            if refused is not None:
+                res.extra["frontier_refused"] = refused
             return res
     form = builder(inst, mode=formulation, linearize=linearize, **build_options)
     if placement is not None:
@@ -162,6 +166,8 @@ def solve_xengine(
             "build_options": build_options,
         },
     )
+    if refused is not None:
+        res.extra["frontier_refused"] = refused
     if form.blocked is not None:
         node, need = form.blocked
         res.status = "infeasible"
@@ -341,6 +347,20 @@ class _Relaxed:
     points: list[tuple[float, float | None, float | None]]
     elapsed_s: float
     answer: StrategyResult | None = None
+
+
+def _frontier_refused(inst: Instance) -> str | None:
+    """Why the frontier relaxation over the devices is not built here (too large for the
+    host's memory, :func:`xengine.strategies.model_size.frontier_memory_problem`), or None."""
+    from xengine.strategies.device_frontier import STEP_ROWS_MAX_NONZEROS, step_row_nonzeros
+    from xengine.strategies.model_size import frontier_memory_problem
+
+    steps = step_row_nonzeros(inst)
+    steps = steps if steps <= STEP_ROWS_MAX_NONZEROS else 0
+    why = frontier_memory_problem(inst.graph, inst.n_devices, steps)
+    if why is not None:
+        log.warning("%s: the frontier relaxation is not built: %s", inst.graph.name, why)
+    return why
 
 
 def _frontier_phase(
