@@ -171,3 +171,15 @@ def test_a_relaxation_too_large_for_the_host_is_not_built(monkeypatch):
     res = solve_xengine(inst, options=SolverOptions(time_limit_s=30))
     assert res.frontier is None and "frontier relaxation" in res.extra["frontier_refused"]
     assert res.status == "optimal"  # the MILP alone
+
+
+def test_a_relaxation_above_the_size_where_it_pays_is_not_run(monkeypatch):
+    from xengine.strategies import solve as solve_module
+    from xengine.strategies.solve import solve_xengine
+
+    g = random_graph(0, devices=DEVICES[2], states=True, latency_s=0.3)
+    inst = _instance(g, DEVICES[2], fraction=0.7)
+    assert solve_xengine(inst, options=SolverOptions(time_limit_s=30)).frontier is not None
+    monkeypatch.setattr(solve_module, "DEVICE_FRONTIER_MAX_NONZEROS", 0)
+    res = solve_xengine(inst, options=SolverOptions(time_limit_s=30))
+    assert res.frontier is None and res.status == "optimal"  # the MILP alone

@@ -84,13 +84,19 @@ def milp_memory_problem(
     )
 
 
+def frontier_nonzeros(graph: Graph, n_devices: int) -> int:
+    """The estimated nonzeros of the frontier relaxation over ``n_devices`` devices, without
+    its step rows."""
+    return int(FRONTIER_SHARE_OF_MILP * milp_nonzeros(graph, n_devices, True))
+
+
 def frontier_memory_problem(
     graph: Graph, n_devices: int, step_nonzeros: int = 0, free_bytes: int | None = None
 ) -> str | None:
     """Why the frontier relaxation over ``n_devices`` devices (with ``step_nonzeros`` of step
     rows) is not to be built here, or None."""
     free = available_host_bytes() if free_bytes is None else free_bytes
-    nnz = int(FRONTIER_SHARE_OF_MILP * milp_nonzeros(graph, n_devices, True)) + step_nonzeros
+    nnz = frontier_nonzeros(graph, n_devices) + step_nonzeros
     need = BYTES_PER_NNZ * nnz
     if need <= SHARE_OF_FREE * free:
         return None
