@@ -44,9 +44,14 @@ import numpy as np
 
 from xengine.problem import Instance
 from xengine.schedule import Schedule
-from xengine.solvers import ModelBuilder, ProgressFn, SolverOptions, solve
+from xengine.solvers import ModelBuilder, ProgressFn, SolverOptions
 from xengine.solvers.model import MilpModel
-from xengine.strategies.frontier import MEM_UNIT_BYTES, TIME_UNIT_S, FrontierResult
+from xengine.strategies.frontier import (
+    MEM_UNIT_BYTES,
+    TIME_UNIT_S,
+    FrontierResult,
+    solve_relaxation,
+)
 
 log = logging.getLogger(__name__)
 
@@ -404,27 +409,9 @@ def solve_device_frontier(
         steps = step_row_nonzeros(inst) <= STEP_ROWS_MAX_NONZEROS
     fm = build_device_frontier(inst, steps=steps)
     build_s = time.perf_counter() - t0
-    x0 = None
-    if start is not None:
-        x0 = fm.assignment(start)
-        viol = fm.model.max_violation(x0)
-        if viol > 1e-6:  # a valid schedule is always a point of the relaxation
-            log.warning("the start violates the frontier relaxation by %.3g; not used", viol)
-            x0 = None
-
-    def shown(el: float, obj: float | None, bound: float | None) -> None:
-        if progress is not None:
-            progress(
-                el,
-                None if obj is None else obj * TIME_UNIT_S,
-                None if bound is None else bound * TIME_UNIT_S,
-            )
-
-    sr = solve(fm.model, solver, options or SolverOptions(), warm_start=x0, progress=shown)
+    x0 = None if start is None else fm.assignment(start)
+    sr, bound = solve_relaxation(fm.model, solver, options, x0, progress)
     schedule = None if sr.x is None else fm.schedule_from(sr.x)
-    bound = None if sr.best_bound is None else sr.best_bound * TIME_UNIT_S
-    if sr.status == "optimal" and sr.objective is not None:
-        bound = sr.objective * TIME_UNIT_S if bound is None else bound
     log.info(
         "frontier relaxation of %s over %d devices%s: %s in %.1f s, bound %s, %d vars, %d rows",
         inst.graph.name,

@@ -230,6 +230,37 @@ class FrontierResult:
     schedule: Schedule | None = None
 
 
+def solve_relaxation(
+    model: MilpModel,
+    solver: str,
+    options: SolverOptions | None,
+    x0: np.ndarray | None,
+    progress: ProgressFn | None,
+):
+    """Solve a frontier relaxation (objective in ms) from the point ``x0`` of a valid schedule
+    (dropped, with a warning, if it violates a row: it never should); ``progress`` gets
+    seconds. Returns the solver's result and the proven bound in seconds (``None`` if none)."""
+    if x0 is not None and model.max_violation(x0) > 1e-6:
+        log.warning(
+            "the start violates the frontier relaxation by %.3g; not used", model.max_violation(x0)
+        )
+        x0 = None
+
+    def shown(el: float, obj: float | None, bound: float | None) -> None:
+        if progress is not None:
+            progress(
+                el,
+                None if obj is None else obj * TIME_UNIT_S,
+                None if bound is None else bound * TIME_UNIT_S,
+            )
+
+    sr = solve(model, solver, options or SolverOptions(), warm_start=x0, progress=shown)
+    bound = None if sr.best_bound is None else sr.best_bound * TIME_UNIT_S
+    if sr.status == "optimal" and sr.objective is not None:
+        bound = sr.objective * TIME_UNIT_S if bound is None else bound
+    return sr, bound
+
+
 def solve_frontier(
     inst: Instance,
     solver: str = "highs",
@@ -244,26 +275,8 @@ def solve_frontier(
     t0 = time.perf_counter()
     fm = build_frontier(inst)
     build_s = time.perf_counter() - t0
-    x0 = None
-    if start is not None:
-        x0 = fm.assignment(start)
-        viol = fm.model.max_violation(x0)
-        if viol > 1e-6:  # a valid schedule is always a point of the relaxation
-            log.warning("the start violates the frontier relaxation by %.3g; not used", viol)
-            x0 = None
-
-    def shown(el: float, obj: float | None, bound: float | None) -> None:
-        if progress is not None:
-            progress(
-                el,
-                None if obj is None else fm.seconds(obj),
-                None if bound is None else fm.seconds(bound),
-            )
-
-    sr = solve(fm.model, solver, options or SolverOptions(), warm_start=x0, progress=shown)
-    bound = None if sr.best_bound is None else fm.seconds(sr.best_bound)
-    if sr.status == "optimal" and sr.objective is not None:
-        bound = fm.seconds(sr.objective) if bound is None else bound
+    x0 = None if start is None else fm.assignment(start)
+    sr, bound = solve_relaxation(fm.model, solver, options, x0, progress)
     log.info(
         "frontier relaxation of %s: %s in %.1f s, bound %s, %d vars, %d rows",
         inst.graph.name,
