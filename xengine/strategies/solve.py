@@ -114,12 +114,10 @@ def solve_xengine(
             inst, solver, options, warm_start, strategy, build_options, placement
         )
     t0 = time.perf_counter()
-    relaxed: _Relaxed | None = None
-    wanted = frontier and formulation == "exact" and placement is None and inst.n_devices > 1
-    wanted = wanted and _frontier_pays(inst)
-    refused = _frontier_refused(inst) if wanted else None
-    if wanted and refused is None:
-        relaxed = _frontier_phase(inst, solver, options, warm_start, strategy)
+    relaxed, refused = None, None
+    if frontier and formulation == "exact" and placement is None and inst.n_devices > 1:
+        relaxed, refused = _relax_first(inst, solver, options, warm_start, strategy)
+    if relaxed is not None:
         if relaxed.answer is not None:
             return relaxed.answer
         warm_start = relaxed.start
@@ -357,6 +355,19 @@ class _Relaxed:
     answer: StrategyResult | None = None
 
 
+def _relax_first(
+    inst: Instance, solver: str, options: SolverOptions, start: Schedule | None, strategy: str
+) -> tuple[_Relaxed | None, str | None]:
+    """The frontier phase where it pays and fits the host: ``(what it left, None)``, or
+    ``(None, why it was refused)``, or ``(None, None)`` where it is not worth running."""
+    if not _frontier_pays(inst):
+        return None, None
+    refused = _frontier_refused(inst)
+    if refused is not None:
+        return None, refused
+    return _frontier_phase(inst, solver, options, start, strategy), None
+
+
 def _frontier_pays(inst: Instance) -> bool:
     """Whether the relaxation is small enough to be worth its share of the limit
     (:data:`DEVICE_FRONTIER_MAX_NONZEROS`); logged when it is not."""
@@ -486,7 +497,6 @@ def _relaxation_answer(
     res.objective_s = sim.time_s
     res.best_bound_s = min(relaxed.bound_s, sim.time_s)
     res.gap = relative_gap(sim.time_s, res.best_bound_s)
-    res.placement_bound_s = None
     what = "its own solution, read back as a schedule," if read_back else "the start"
     res.message = (
         "proven optimal by the frontier relaxation over the devices "
