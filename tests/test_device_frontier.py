@@ -14,6 +14,7 @@ from xengine.simulate import simulate
 from xengine.solvers import SolverOptions
 from xengine.strategies.device_frontier import (
     build_device_frontier,
+    device_frontier_lp_bound,
     solve_device_frontier,
     step_row_nonzeros,
 )
@@ -173,13 +174,33 @@ def test_a_relaxation_too_large_for_the_host_is_not_built(monkeypatch):
     assert res.status == "optimal"  # the MILP alone
 
 
-def test_a_relaxation_above_the_size_where_it_pays_is_not_run(monkeypatch):
+def test_above_the_size_where_it_pays_its_lp_gives_the_bound(monkeypatch):
+    """Above :data:`DEVICE_FRONTIER_MAX_NONZEROS` the relaxation is not solved as a MILP; its
+    LP (PDLP) bounds, and the MILP answers from the start with that bound as its floor."""
     from xengine.strategies import solve as solve_module
     from xengine.strategies.solve import solve_xengine
 
     g = random_graph(0, devices=DEVICES[2], states=True, latency_s=0.3)
     inst = _instance(g, DEVICES[2], fraction=0.7)
-    assert solve_xengine(inst, options=SolverOptions(time_limit_s=30)).frontier is not None
+    full = solve_xengine(inst, options=SolverOptions(time_limit_s=30))
+    assert full.frontier is not None and full.frontier.status != "lp_bound"
     monkeypatch.setattr(solve_module, "DEVICE_FRONTIER_MAX_NONZEROS", 0)
     res = solve_xengine(inst, options=SolverOptions(time_limit_s=30))
-    assert res.frontier is None and res.status == "optimal"  # the MILP alone
+    assert res.frontier.status == "lp_bound"
+    assert 0 < res.frontier.bound_s <= full.objective_s * (1 + 1e-7)
+    assert res.status == "optimal" and res.objective_s == pytest.approx(full.objective_s)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_lp_bound_is_the_relaxations_lp_optimum(seed):
+    """PDLP run to convergence bounds at the LP optimum (HiGHS's simplex on the same model),
+    from below: a bound from multipliers never exceeds it."""
+    from xengine.solvers import solve
+
+    g = random_graph(seed, devices=DEVICES[2], states=bool(seed % 2), latency_s=0.3)
+    inst = _instance(g, DEVICES[2], fraction=0.6)
+    lp = solve(build_device_frontier(inst).model, "highs", SolverOptions(relax=True))
+    assert lp.status == "optimal"
+    fr = device_frontier_lp_bound(inst, SolverOptions(time_limit_s=60))
+    lp_s = lp.objective * 1e-3
+    assert lp_s * (1 - 1e-4) <= fr.bound_s <= lp_s * (1 + 1e-7), (fr.bound_s, lp_s)

@@ -336,6 +336,10 @@ resnet18 b8 (0.3 M) is proven in 40-70 s, while on GPT-2 with 12 layers over ``c
 M) the relaxation gave no bound in its 225 s of 300 and left the MILP 75 s, too little for its
 root (docs/measurements.md). resnet50 (2.1 M) and mobilenet_v2 (1.6 M) are untried and keep
 the MILP alone, as measured before."""
+DEVICE_FRONTIER_LP_SHARE = 0.5
+"""Of the time limit, what the LP bound of the relaxation (PDLP) gets where the relaxation is
+too large to solve as a MILP. GPT-2 with 12 layers over ``cpu2+cpu1`` at 50 %, 300 s limit:
+PDLP bounds at 3,854 ms after 120 s, where the MILP alone gave ... (docs/measurements.md)."""
 FLOOR_RTOL = 1e-7
 """The relaxation's bound handed to the MILP as a floor is lowered by this much, so that the
 solver's tolerances never cut off the schedule that meets it."""
@@ -360,11 +364,12 @@ def _relax_first(
 ) -> tuple[_Relaxed | None, str | None]:
     """The frontier phase where it pays and fits the host: ``(what it left, None)``, or
     ``(None, why it was refused)``, or ``(None, None)`` where it is not worth running."""
-    if not _frontier_pays(inst):
-        return None, None
-    refused = _frontier_refused(inst)
+    pays = _frontier_pays(inst)
+    refused = _frontier_refused(inst, steps=pays)
     if refused is not None:
         return None, refused
+    if not pays:
+        return _lp_phase(inst, options, start, strategy), None
     return _frontier_phase(inst, solver, options, start, strategy), None
 
 
@@ -377,8 +382,8 @@ def _frontier_pays(inst: Instance) -> bool:
     if nnz <= DEVICE_FRONTIER_MAX_NONZEROS:
         return True
     log.info(
-        "%s: the frontier relaxation over the devices is not run (~%s nonzeros, above %s): "
-        "the MILP gets the whole limit",
+        "%s: the frontier relaxation over the devices is not solved as a MILP (~%s nonzeros, "
+        "above %s): its LP gives the bound (PDLP)",
         inst.graph.name,
         f"{nnz:,}",
         f"{DEVICE_FRONTIER_MAX_NONZEROS:,}",
@@ -386,13 +391,14 @@ def _frontier_pays(inst: Instance) -> bool:
     return False
 
 
-def _frontier_refused(inst: Instance) -> str | None:
-    """Why the frontier relaxation over the devices is not built here (too large for the
-    host's memory, :func:`xengine.strategies.model_size.frontier_memory_problem`), or None."""
+def _frontier_refused(inst: Instance, steps: bool = True) -> str | None:
+    """Why the frontier relaxation over the devices (with its step rows where they are
+    added, ``steps``) is not built here (too large for the host's memory,
+    :func:`xengine.strategies.model_size.frontier_memory_problem`), or None."""
     from xengine.strategies.device_frontier import STEP_ROWS_MAX_NONZEROS, step_row_nonzeros
     from xengine.strategies.model_size import frontier_memory_problem
 
-    steps = step_row_nonzeros(inst)
+    steps = step_row_nonzeros(inst) if steps else 0
     steps = steps if steps <= STEP_ROWS_MAX_NONZEROS else 0
     why = frontier_memory_problem(inst.graph, inst.n_devices, steps)
     if why is not None:
@@ -419,14 +425,7 @@ def _frontier_phase(
         fr_options = dataclasses.replace(
             options, time_limit_s=max(limit_s * DEVICE_FRONTIER_SHARE, 1.0)
         )
-    best, best_s = None, None
-    if start is not None:
-        try:
-            sim = simulate(inst, start, check_budget=False)
-        except ScheduleError:
-            sim = None
-        if sim is not None and sim.within_budget:
-            best, best_s = start, sim.time_s
+    best, best_s = _fitting(inst, start)
     trace = _ProgressLog(f"{strategy} (frontier relaxation)", 1.0)
     progress.report(phase="frontier relaxation")
 
@@ -456,6 +455,51 @@ def _frontier_phase(
         gap = relative_gap(best_s, min(out.bound_s, best_s))
         if gap is not None and gap <= options.rel_gap:
             out.answer = _relaxation_answer(inst, solver, strategy, out, read_back, t0, options)
+    return out
+
+
+def _fitting(inst: Instance, start: Schedule | None) -> tuple[Schedule | None, float | None]:
+    """``(start, its simulated time)`` when it is valid and fits, else ``(None, None)``."""
+    if start is None:
+        return None, None
+    try:
+        sim = simulate(inst, start, check_budget=False)
+    except ScheduleError:
+        return None, None
+    return (start, sim.time_s) if sim.within_budget else (None, None)
+
+
+def _lp_phase(
+    inst: Instance, options: SolverOptions, start: Schedule | None, strategy: str
+) -> _Relaxed:
+    """Where the relaxation over the devices is too large to solve as a MILP in the time, the
+    bound of its LP (:func:`xengine.strategies.device_frontier.device_frontier_lp_bound`, PDLP)
+    for :data:`DEVICE_FRONTIER_LP_SHARE` of the limit; no schedule comes from it."""
+    from xengine.strategies.device_frontier import device_frontier_lp_bound
+
+    t0 = time.perf_counter()
+    lp_options = options
+    if options.time_limit_s is not None:
+        share_s = max(options.time_limit_s * DEVICE_FRONTIER_LP_SHARE, 1.0)
+        lp_options = dataclasses.replace(options, time_limit_s=share_s)
+    best, best_s = _fitting(inst, start)
+    progress.report(phase="LP bound (PDLP)")
+    log.info(
+        "%s: the LP of the frontier relaxation by PDLP for %s",
+        strategy,
+        "-" if lp_options.time_limit_s is None else f"{lp_options.time_limit_s:.0f} s",
+    )
+    fr = device_frontier_lp_bound(inst, lp_options)
+    info = RelaxationRun(
+        fr.status, fr.bound_s, fr.solve_time_s, fr.build_time_s, fr.n_vars, fr.n_rows
+    )
+    out = _Relaxed(best, fr.bound_s, info, [], time.perf_counter() - t0)
+    out.points.append((out.elapsed_s, best_s, out.bound_s))
+    progress.report(incumbent_s=best_s, bound_s=out.bound_s)
+    if best is not None and out.bound_s is not None:
+        gap = relative_gap(best_s, min(out.bound_s, best_s))
+        if gap is not None and gap <= options.rel_gap:
+            out.answer = _relaxation_answer(inst, "pdlp", strategy, out, False, t0, options)
     return out
 
 
