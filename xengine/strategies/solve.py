@@ -334,14 +334,16 @@ DEVICE_FRONTIER_MAX_NONZEROS = 1_000_000
 (:func:`xengine.strategies.model_size.frontier_nonzeros`, step rows aside) are at most this:
 resnet18 b8 (0.3 M) is proven in 40-70 s, while on GPT-2 with 12 layers over ``cpu2+cpu1`` (2.6
 M) the relaxation gave no bound in its 225 s of 300 and left the MILP 75 s, too little for its
-root (docs/measurements.md). resnet50 (2.1 M) and mobilenet_v2 (1.6 M) are untried and keep
-the MILP alone, as measured before."""
+root (docs/measurements.md). On resnet50 (2.1 M) and mobilenet_v2 (1.6 M) over CPU + H200 at
+50 % it gave no bound in 97 s of 120; above the cap its LP runs on PDLP instead
+(:data:`DEVICE_FRONTIER_LP_SHARE`)."""
 DEVICE_FRONTIER_LP_SHARE = 0.5
 """Of the time limit, what the LP bound of the relaxation (PDLP) gets where the relaxation is
 too large to solve as a MILP. GPT-2 with 12 layers over ``cpu2+cpu1`` at 50 %, 300 s limit
 (docs/measurements.md): PDLP's bound after 150 s is 3,953 ms, where the MILP alone, given the
 whole 300 s, proved nothing above every op once (3,742 ms) and kept its start (4,314.67 ms), as
-it did with the other 150 s: the gap reported fell from 13.25 % to 8.37 %."""
+it did with the other 150 s: the gap reported fell from 13.25 % to 8.37 %. Over CPU + H200 at
+50 %, 120 s: resnet50 6.35 % -> 3.90 %, mobilenet_v2 5.04 % -> 2.08 %, the same schedules."""
 FLOOR_RTOL = 1e-7
 """The relaxation's bound handed to the MILP as a floor is lowered by this much, so that the
 solver's tolerances never cut off the schedule that meets it."""
