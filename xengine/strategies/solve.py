@@ -239,13 +239,8 @@ def _not_built(
         message=f"XEngine's model was not built ({why}) and no start fits",
         extra={"milp_refused": why},
     )
-    sim = None
-    if start is not None:
-        try:
-            sim = simulate(inst, start, check_budget=False)
-        except ScheduleError:
-            sim = None
-    if sim is not None and sim.within_budget:
+    sim = _fitting_sim(inst, start)
+    if sim is not None:
         res.status, res.schedule, res.sim, res.objective_s = "feasible", start, sim, sim.time_s
         res.message = f"XEngine's model was not built ({why}); kept the start"
         _tighten_with_placement_bound(res, inst, options, relaxed)
@@ -265,11 +260,8 @@ def _start_meets_bound(
     from xengine.strategies.bounds import placement_bound_s
 
     t0 = time.perf_counter()
-    try:
-        sim = simulate(inst, start, check_budget=False)
-    except ScheduleError:
-        return None
-    if not sim.within_budget:
+    sim = _fitting_sim(inst, start)
+    if sim is None:
         return None
     bound = placement_bound_s(inst, options)
     if bound is None or sim.time_s > bound * (1 + options.rel_gap) + 1e-12:
@@ -423,12 +415,7 @@ def _frontier_phase(
     from xengine.strategies.device_frontier import solve_device_frontier
 
     t0 = time.perf_counter()
-    limit_s = options.time_limit_s
-    fr_options = options
-    if limit_s is not None:
-        fr_options = dataclasses.replace(
-            options, time_limit_s=max(limit_s * DEVICE_FRONTIER_SHARE, 1.0)
-        )
+    fr_options = _share(options, DEVICE_FRONTIER_SHARE)
     best, best_s = _fitting(inst, start)
     trace = _ProgressLog(f"{strategy} (frontier relaxation)", 1.0)
     progress.report(phase="frontier relaxation")
@@ -462,15 +449,28 @@ def _frontier_phase(
     return out
 
 
-def _fitting(inst: Instance, start: Schedule | None) -> tuple[Schedule | None, float | None]:
-    """``(start, its simulated time)`` when it is valid and fits, else ``(None, None)``."""
+def _fitting_sim(inst: Instance, start: Schedule | None):
+    """The simulator's replay of ``start`` when it is valid and fits, else None."""
     if start is None:
-        return None, None
+        return None
     try:
         sim = simulate(inst, start, check_budget=False)
     except ScheduleError:
-        return None, None
-    return (start, sim.time_s) if sim.within_budget else (None, None)
+        return None
+    return sim if sim.within_budget else None
+
+
+def _fitting(inst: Instance, start: Schedule | None) -> tuple[Schedule | None, float | None]:
+    """``(start, its simulated time)`` when it is valid and fits, else ``(None, None)``."""
+    sim = _fitting_sim(inst, start)
+    return (None, None) if sim is None else (start, sim.time_s)
+
+
+def _share(options: SolverOptions, share: float) -> SolverOptions:
+    """``options`` with ``share`` of their time limit (at least 1 s; no limit stays none)."""
+    if options.time_limit_s is None:
+        return options
+    return dataclasses.replace(options, time_limit_s=max(options.time_limit_s * share, 1.0))
 
 
 def _lp_phase(
@@ -482,10 +482,7 @@ def _lp_phase(
     from xengine.strategies.device_frontier import device_frontier_lp_bound
 
     t0 = time.perf_counter()
-    lp_options = options
-    if options.time_limit_s is not None:
-        share_s = max(options.time_limit_s * DEVICE_FRONTIER_LP_SHARE, 1.0)
-        lp_options = dataclasses.replace(options, time_limit_s=share_s)
+    lp_options = _share(options, DEVICE_FRONTIER_LP_SHARE)
     best, best_s = _fitting(inst, start)
     progress.report(phase="LP bound (PDLP)")
     log.info(
