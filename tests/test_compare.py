@@ -87,6 +87,52 @@ def test_warm_start_considers_the_cost_aware_heuristic_at_each_devices_own_budge
     assert what == "recompute_greedy on b (its own memory)"
 
 
+def _placed_model_ran(caplog) -> bool:
+    return "placed model: XEngine with each node" in caplog.text
+
+
+def test_exact_mode_skips_the_placed_model_once_a_start_fits(caplog):
+    """The placed model takes the run's whole limit before XEngine's solve; in exact mode,
+    once a start fits, the solve's own relaxation phase does its work (protocol's
+    ``_placed_model_pays``). The interval model still gets it."""
+    import logging
+
+    from xengine.graph.synthetic import chain
+    from xengine.protocol import warm_start
+
+    g = chain(6, devices=("a", "b"))
+    g = g.with_costs(
+        {"a": {v.name: 10.0 for v in g.nodes}, "b": {v.name: 1.0 for v in g.nodes}},
+        copy_models(("a", "b")),
+    )
+    budget = keep_all_peak_bytes(g) - 1
+    inst = Instance(g, ("a", "b"), (budget, budget))
+    opts = SolverOptions(time_limit_s=10)
+    with caplog.at_level(logging.INFO, logger="xengine"):
+        found = warm_start(inst, [], options=opts, formulation="exact")
+    assert found is not None and found[0] == "recompute_greedy on b (its own memory)"
+    assert "placed model skipped" in caplog.text and not _placed_model_ran(caplog)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="xengine"):
+        warm_start(inst, [], solver="cpsat", options=opts, formulation="intervals")
+    assert _placed_model_ran(caplog) and "placed model skipped" not in caplog.text
+
+
+def test_exact_mode_runs_the_placed_model_while_no_start_fits(caplog):
+    """Neither device alone holds the residual graph at 9000 bytes (one op needs 10000), so
+    no greedy start fits: the placed model over the best spread is still tried."""
+    import logging
+
+    from tests.test_distribute import _residual
+    from xengine.protocol import warm_start
+
+    inst = Instance(_residual(), ("a", "b"), (9000, 9000))
+    with caplog.at_level(logging.INFO, logger="xengine"):
+        found = warm_start(inst, [], options=SolverOptions(time_limit_s=10), formulation="exact")
+    assert _placed_model_ran(caplog) and "placed model skipped" not in caplog.text
+    assert found is not None
+
+
 def test_the_registry_names_every_heuristic_of_the_baselines():
     """The protocol's list of heuristics and the baselines' own table are the same names."""
     from baselines.heuristics import HEURISTICS as TABLE

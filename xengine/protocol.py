@@ -132,7 +132,8 @@ def warm_start(
        48.2-48.4 ms in 60 s), so a start exists even when step 2 runs out of time;
     2. (exact and intervals modes, several devices) those schedules and keep-everything
        spread over the devices, and XEngine's model restricted to the best spread's placement
-       (:func:`xengine.strategies.distribute.start_candidates`; the run's time limit and gap);
+       (:func:`xengine.strategies.distribute.start_candidates`; the run's time limit and gap;
+       in exact mode only while nothing fits, :func:`_placed_model_pays`);
     3. only when none of those fits: Checkmate and the heuristics on each device alone with
        that device's own budget (docs/design.md section 6: each is a feasible point of
        XEngine's model), Checkmate with a quarter of the time limit and a 5 % gap: a start
@@ -167,8 +168,11 @@ def warm_start(
     if inst.n_devices > 1 and formulation in ("exact", "intervals"):
         singles = [(_what(r, "total"), r.schedule) for r in alone if r.has_schedule]
         xe_solver = SolveSettings(solver=solver, formulation=formulation).xengine_solver
+        placed = _placed_model_pays(formulation, has_start=bool(cands))
+        if not placed:
+            log.info("placed model skipped: a start fits and the solve begins with its relaxation")
         for what, sched in start_candidates(
-            inst, singles, xe_solver, options, formulation=formulation
+            inst, singles, xe_solver, options, formulation=formulation, placed_model=placed
         ):
             add(what, sched)
     if not cands:
@@ -178,6 +182,20 @@ def warm_start(
         return None
     t, what, sched = min(cands, key=lambda c: c[0])
     return what, sched, t
+
+
+def _placed_model_pays(formulation: str, has_start: bool) -> bool:
+    """Whether step 2's placed model is worth its time limit (it takes the run's whole limit
+    before XEngine's own solve). In exact mode, once a start fits, it is not: the full solve
+    begins with the frontier relaxation over the devices (or its LP), which bounds the whole
+    problem and reads back schedules of every placement. Measured with run.py, solve only
+    (docs/measurements.md, "Two devices"): resnet18 over CPU + H200 at 55 % and over
+    cpu2+cpu1 at 50 % (120 s, at 4da8a71), GPT-2 over cpu2+cpu1 at 50 % (300 s, at ab6920d):
+    the placed model took its whole limit and ended slower than the held greedy start (39.66
+    against 21.56 ms, 596.0 against 389.4 ms, 5,048.8 against 4,314.7 ms). The interval
+    model (CP-SAT) has no such phase, and there the placed model did help (resnet50: 48.15 ms
+    from 48.85)."""
+    return formulation == "intervals" or not has_start
 
 
 def _own_budget_instances(inst: Instance) -> list[Instance]:

@@ -218,6 +218,7 @@ def start_candidates(
     options: SolverOptions | None = None,
     spread_time_limit_s: float = 30.0,
     formulation: str = "exact",
+    placed_model: bool = True,
 ) -> list[tuple[str, Schedule]]:
     """Multi-device schedules to warm-start XEngine with, each valid on ``inst``:
 
@@ -229,7 +230,8 @@ def start_candidates(
        solved with ``options`` as they are: on resnet18 with two CPU sub-devices it reached a 0.5 %
        gap only after 78 s (32 % at 22 s), so a shorter limit or a looser gap costs most of its
        value. Skipped when the placement uses one device. ``formulation`` is XEngine's model
-       (``exact`` MILP or ``intervals``, :mod:`xengine.strategies.intervals`).
+       (``exact`` MILP or ``intervals``, :mod:`xengine.strategies.intervals`). Skipped too
+       when ``placed_model`` is false (the caller has a start and a better use for the time).
 
     Candidates may exceed the budgets only if the caller checks; both kinds here fit.
     """
@@ -254,6 +256,8 @@ def start_candidates(
     if sp.fits:
         where = "spread over the devices" if sp.devices_used > 1 else "placed on one device"
         out.append((f"{sp.source} {where}", sp.schedule))
+    if not placed_model:
+        return out
     if sp.devices_used < 2:
         # the best fit as it stands is one device alone; the placed model still needs (and
         # may do much better from) the best placement over several devices
