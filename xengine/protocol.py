@@ -169,12 +169,12 @@ def warm_start(
         singles = [(_what(r, "total"), r.schedule) for r in alone if r.has_schedule]
         xe_solver = SolveSettings(solver=solver, formulation=formulation).xengine_solver
         placed = _placed_model_pays(formulation, has_start=bool(cands))
-        if not placed:
-            log.info("placed model skipped: a start fits and the solve begins with its relaxation")
         for what, sched in start_candidates(
             inst, singles, xe_solver, options, formulation=formulation, placed_model=placed
         ):
             add(what, sched)
+        if not placed:
+            log.info("placed model skipped: a start fits and the solve begins with its relaxation")
     if not cands:
         for what, sched in _fallback_starts(own, solver, options):
             add(what, sched.on_devices(inst.devices))
