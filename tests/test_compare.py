@@ -118,14 +118,17 @@ def test_exact_mode_skips_the_placed_model_once_a_start_fits(caplog):
     assert _placed_model_ran(caplog) and "placed model skipped" not in caplog.text
 
 
-def test_exact_mode_runs_the_placed_model_while_no_start_fits(caplog):
+def test_exact_mode_runs_the_placed_model_while_no_start_fits(caplog, monkeypatch):
     """Neither device alone holds the residual graph at 9000 bytes (one op needs 10000), so
-    no greedy start fits: the placed model over the best spread is still tried."""
+    no greedy start fits: the placed model over the best spread is still tried. (The
+    offloaded starts are switched off here: they would fit, and then it is skipped.)"""
     import logging
 
+    import xengine.protocol as protocol
     from tests.test_distribute import _residual
     from xengine.protocol import warm_start
 
+    monkeypatch.setattr(protocol, "offload_starts", lambda inst, time_limit_s: [])
     inst = Instance(_residual(), ("a", "b"), (9000, 9000))
     with caplog.at_level(logging.INFO, logger="xengine"):
         found = warm_start(inst, [], options=SolverOptions(time_limit_s=10), formulation="exact")

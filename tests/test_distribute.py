@@ -210,3 +210,37 @@ def test_an_unavailable_solver_skips_the_placed_model_with_a_warning(monkeypatch
         cands = start_candidates(inst, [], solver="gurobi", options=OPTS)
     assert [label.split()[0] for label, _ in cands] == ["keep-all"]  # the spread is kept
     assert "placed model skipped: solver=gurobi" in caplog.text
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("fraction", [0.5, 0.6, 0.8])
+def test_offloaded_starts_fit_every_budget(seed, fraction):
+    """Every schedule ``offload_starts`` returns is valid and within each device's budget
+    (the simulator's replay, the one definition of what fits)."""
+    from xengine.strategies.distribute import offload_starts
+
+    g = random_graph(seed)
+    b = int(keep_all_peak_bytes(g) * fraction)
+    inst = Instance(g, ("a", "b"), (b, b))
+    for what, sched in offload_starts(inst, time_limit_s=10):
+        sim = simulate(inst, sched, check_budget=False)
+        assert sim.within_budget, what
+        assert (sim.peak_bytes <= inst.budgets).all(), what
+
+
+def test_offloading_beats_the_fast_device_alone_where_memory_is_short():
+    """On this graph at 60 % the fast device alone must recompute; recomputing less there and
+    keeping some pairs on the slow device is faster, and uses both devices."""
+    from baselines.heuristics import solve_recompute_greedy
+    from xengine.strategies.distribute import offload_starts
+
+    g = random_graph(6)
+    b = int(keep_all_peak_bytes(g) * 0.6)
+    inst = Instance(g, ("a", "b"), (b, b))
+    fast = int(np.argmin(inst.compute_s.sum(axis=1)))
+    alone = solve_recompute_greedy(inst.only_device(fast, b), hold=True)
+    assert alone.fits
+    starts = offload_starts(inst, time_limit_s=10)
+    best = min(starts, key=lambda s: simulate(inst, s[1]).time_s)[1]
+    assert simulate(inst, best).time_s < 0.9 * alone.sim.time_s
+    assert (best.R.sum(axis=(1, 2)) > 0).all()  # both devices compute

@@ -27,7 +27,7 @@ from xengine.result import RunRow, StrategyResult, row_of
 from xengine.schedule import Schedule
 from xengine.simulate import ScheduleError, simulate
 from xengine.solvers import SolverOptions
-from xengine.strategies.distribute import start_candidates
+from xengine.strategies.distribute import offload_starts, start_candidates
 from xengine.strategies.registry import (
     HEURISTICS,
     SINGLE_DEVICE,
@@ -109,6 +109,12 @@ schedule, 4,054.91 ms on cpu2, was XEngine's start and its answer after 300 s
 (docs/measurements.md, "Transformers models")."""
 GREEDY_SHARE = 0.25
 """Of the time limit, what the greedy start (and its holding) may take on each device."""
+OFFLOAD_SHARE = 0.25
+"""Of the time limit, what the offloaded greedy starts may take together
+(:func:`xengine.strategies.distribute.offload_starts`; GPT-2's 12 layers over two CPU
+sub-devices need some 45 s per fraction, resnet18 about 1 s)."""
+OFFLOAD_DEFAULT_S = 120.0
+"""Their time without a limit."""
 
 
 def _what(res: StrategyResult, memory: str) -> str:
@@ -130,7 +136,10 @@ def warm_start(
        ``recompute_greedy`` on each device alone with that device's own budget: seconds and
        no solver (resnet50 at 50 %, H200 costs: 48.85 ms; the placed model of step 2 reached
        48.2-48.4 ms in 60 s), so a start exists even when step 2 runs out of time;
-    2. (exact and intervals modes, several devices) those schedules and keep-everything
+    2. (exact and intervals modes, several devices) ``recompute_greedy`` on the fastest
+       device with a little more than its budget, pairs offloaded to the others until every
+       budget holds (:func:`xengine.strategies.distribute.offload_starts`, within
+       :data:`OFFLOAD_SHARE` of the limit); those schedules and keep-everything
        spread over the devices, and XEngine's model restricted to the best spread's placement
        (:func:`xengine.strategies.distribute.start_candidates`; the run's time limit and gap;
        in exact mode only while nothing fits, :func:`_placed_model_pays`);
@@ -168,6 +177,9 @@ def warm_start(
     if inst.n_devices > 1 and formulation in ("exact", "intervals"):
         singles = [(_what(r, "total"), r.schedule) for r in alone if r.has_schedule]
         xe_solver = SolveSettings(solver=solver, formulation=formulation).xengine_solver
+        offload_s = OFFLOAD_DEFAULT_S if limit_s is None else limit_s * OFFLOAD_SHARE
+        for what, sched in offload_starts(inst, offload_s):
+            add(what, sched)
         placed = _placed_model_pays(formulation, has_start=bool(cands))
         for what, sched in start_candidates(
             inst, singles, xe_solver, options, formulation=formulation, placed_model=placed

@@ -281,3 +281,94 @@ def start_candidates(
     if res.fits:
         out.append((f"XEngine restricted to the placement of {sp.source}", res.schedule))
     return out
+
+
+# ------------------------------------------------------------------------------ offloading
+OFFLOAD_FRACTIONS = (0.1, 0.2, 0.05, 0.3)
+"""How far above its own budget the fastest device's greedy schedule may go before units are
+offloaded: that fraction of the other devices' budgets, in the order tried. On GPT-2 (12
+layers, cpu2+cpu1, 50 %) 0.1 was best (4,272.5 ms against 4,288.3 at 0.05, 4,296.0 at 0.15),
+on resnet18 (cpu2+cpu1, 50 %) 0.3 (386.2 ms against 386.8 at 0.2)."""
+
+
+def offload_starts(inst: Instance, time_limit_s: float) -> list[tuple[str, Schedule]]:
+    """Schedules that recompute on the fastest device and keep some values on the others.
+
+    For each fraction f of :data:`OFFLOAD_FRACTIONS`: ``recompute_greedy`` (held) on the
+    fastest device alone with its budget plus f of the others' (fewer recomputations), then
+    (forward, backward) pairs moved to other devices, the cheapest in time per byte of excess
+    first, until every budget holds (:func:`_offload`). Why: the spread's cuts and single moves
+    start from half the net on the slow device; this starts from the fast one and moves only
+    what the memory needs. On two CPU sub-devices at 50 % it found the first schedules faster
+    than the one-device start (GPT-2 12 layers: 4,272.5 against 4,314.7 ms; resnet18: 386.2
+    against 389.4 ms; docs/measurements.md). Stops trying fractions after ``time_limit_s``;
+    only schedules that fit are returned."""
+    from xengine.strategies.registry import load
+
+    if inst.n_devices < 2:
+        return []
+    t0 = time.perf_counter()
+    fast = int(np.argmin(inst.compute_s.sum(axis=1)))
+    others_bytes = int(inst.budgets.sum() - inst.budgets[fast])
+    greedy = load("recompute_greedy")
+    out = []
+    for frac in OFFLOAD_FRACTIONS:
+        left_s = time_limit_s - (time.perf_counter() - t0)
+        if left_s <= 0:
+            break
+        budget = int(inst.budget_bytes[fast] + frac * others_bytes)
+        res = greedy(inst.only_device(fast, budget), time_limit_s=left_s / 2, hold=True)
+        if not res.has_schedule:
+            continue
+        sched = _offload(inst, res.schedule, fast, t0 + time_limit_s)
+        if sched is not None:
+            what = f"its budget + {frac:.0%} of the others'"
+            out.append(
+                (f"recompute_greedy+held on {inst.devices[fast]} ({what}), offloaded", sched)
+            )
+    return out
+
+
+def _offload(inst: Instance, single: Schedule, fast: int, deadline: float) -> Schedule | None:
+    """``single`` (one device) placed on ``fast``, then, while some budget is exceeded, the
+    pair whose move to another device adds the least time per byte of excess it removes; then
+    pairs moved back while that is faster and still fits. None when it does not fit in time."""
+    unit = units(inst)
+    memo = StageMemo(inst)
+    unit_dev = np.full(int(unit.max()) + 1, fast, dtype=np.int64)
+
+    def score(ud: np.ndarray):
+        return _score(inst, place(single, inst.devices, ud[unit]), memo)
+
+    cur = score(unit_dev)
+    while cur is not None and cur[0] > 0 and time.perf_counter() < deadline:
+        best = None
+        for u, d in _moves(unit_dev, inst.n_devices, away_from=fast):
+            trial = unit_dev.copy()
+            trial[u] = d
+            sc = score(trial)
+            if sc is None or sc[0] >= cur[0]:
+                continue
+            per_byte = (sc[1] - cur[1]) / (cur[0] - sc[0])
+            if best is None or per_byte < best[0]:
+                best = (per_byte, trial, sc)
+        if best is None:
+            return None
+        _, unit_dev, cur = best
+    if cur is None or cur[0] > 0:
+        return None
+    for u in np.flatnonzero(unit_dev != fast):  # back where it is faster and still fits
+        trial = unit_dev.copy()
+        trial[u] = fast
+        sc = score(trial)
+        if sc is not None and sc[0] == 0 and sc[1] < cur[1]:
+            unit_dev, cur = trial, sc
+    return place(single, inst.devices, unit_dev[unit])
+
+
+def _moves(unit_dev: np.ndarray, n_devices: int, away_from: int):
+    """Every (unit, device) move of a unit still on ``away_from`` to another device."""
+    for u in np.flatnonzero(unit_dev == away_from):
+        for d in range(n_devices):
+            if d != away_from:
+                yield int(u), d
