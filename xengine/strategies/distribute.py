@@ -344,6 +344,8 @@ def _offload(inst: Instance, single: Schedule, fast: int, deadline: float) -> Sc
     while cur is not None and cur[0] > 0 and time.perf_counter() < deadline:
         best = None
         for u, d in _moves(unit_dev, inst.n_devices, away_from=fast):
+            if time.perf_counter() > deadline:  # one sweep may be long (800 pairs at 48 layers)
+                return None
             trial = unit_dev.copy()
             trial[u] = d
             sc = score(trial)
