@@ -63,20 +63,28 @@ def test_protocol_names_infeasible_single_devices():
     assert cmp.infeasible_single == []  # 18000 total is plenty for one device
 
 
-def test_warm_start_considers_the_cost_aware_heuristic_at_each_devices_own_budget():
-    from baselines.heuristics import solve_recompute_greedy
+def _fast_b_chain() -> Instance:
+    """A chain of 6 where device b is 10x faster, each device's budget 1 byte below
+    keep-everything."""
     from xengine.graph.synthetic import chain
-    from xengine.protocol import warm_start
 
-    # device b is 10x faster and a fast device's budget below keep-everything: no schedule
-    # with the total memory fits the per-device budget, recompute_greedy on b alone does
     g = chain(6, devices=("a", "b"))
     g = g.with_costs(
         {"a": {v.name: 10.0 for v in g.nodes}, "b": {v.name: 1.0 for v in g.nodes}},
         copy_models(("a", "b")),
     )
     budget = keep_all_peak_bytes(g) - 1
-    inst = Instance(g, ("a", "b"), (budget, budget))
+    return Instance(g, ("a", "b"), (budget, budget))
+
+
+def test_warm_start_considers_the_cost_aware_heuristic_at_each_devices_own_budget():
+    from baselines.heuristics import solve_recompute_greedy
+    from xengine.protocol import warm_start
+
+    # device b is 10x faster and a fast device's budget below keep-everything: no schedule
+    # with the total memory fits the per-device budget, recompute_greedy on b alone does
+    inst = _fast_b_chain()
+    budget = int(inst.budget_bytes[1])
     ours = solve_recompute_greedy(inst.only_device(1, budget))
     assert ours.status == "feasible"
     # formulation "paper" has no placed model, so the candidates are the heuristic ones only
@@ -97,16 +105,9 @@ def test_exact_mode_skips_the_placed_model_once_a_start_fits(caplog):
     ``_placed_model_pays``). The interval model still gets it."""
     import logging
 
-    from xengine.graph.synthetic import chain
     from xengine.protocol import warm_start
 
-    g = chain(6, devices=("a", "b"))
-    g = g.with_costs(
-        {"a": {v.name: 10.0 for v in g.nodes}, "b": {v.name: 1.0 for v in g.nodes}},
-        copy_models(("a", "b")),
-    )
-    budget = keep_all_peak_bytes(g) - 1
-    inst = Instance(g, ("a", "b"), (budget, budget))
+    inst = _fast_b_chain()
     opts = SolverOptions(time_limit_s=10)
     with caplog.at_level(logging.INFO, logger="xengine"):
         found = warm_start(inst, [], options=opts, formulation="exact")
