@@ -141,7 +141,13 @@ def solve_all(cap, graph, devices, budgets_pct, strategies, settings, rounds) ->
         def solve(job, start):
             t0 = time.perf_counter()
             res, costed, ctx = solve_in_context(
-                job.name, job.inst, settings, cap, rounds=rounds, warm_start=start, label=job.label
+                job.name,
+                job.inst,
+                job.settings(settings),
+                cap,
+                rounds=rounds,
+                warm_start=start,
+                label=job.label,
             )
             return res, costed, ctx, time.perf_counter() - t0
 

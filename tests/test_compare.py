@@ -100,7 +100,7 @@ def _placed_model_ran(caplog) -> bool:
 
 
 def test_exact_mode_skips_the_placed_model_once_a_start_fits(caplog):
-    """The placed model takes the run's whole limit before XEngine's solve; in exact mode,
+    """The placed model takes half of what the starts left of the limit; in exact mode,
     once a start fits, the solve's own relaxation phase does its work (protocol's
     ``_placed_model_pays``). The interval model still gets it."""
     import logging
@@ -135,6 +135,53 @@ def test_exact_mode_runs_the_placed_model_while_no_start_fits(caplog, monkeypatc
         found = warm_start(inst, [], options=SolverOptions(time_limit_s=10), formulation="exact")
     assert _placed_model_ran(caplog) and "placed model skipped" not in caplog.text
     assert found is not None
+
+
+def test_the_placed_model_gets_half_of_what_the_other_starts_left(monkeypatch):
+    """The limit is the strategy's: the placed model (run here, nothing else fits) gets half
+    of what the offloaded starts left of it, never less than half of ``SOLVE_SHARE``."""
+    import time
+
+    import xengine.protocol as protocol
+    from tests.test_distribute import _residual
+
+    given = []
+
+    def slow_offload(inst, time_limit_s):
+        time.sleep(0.4)
+        return []
+
+    def candidates(inst, singles, solver, options, **kwargs):
+        given.append(options.time_limit_s)
+        return []
+
+    monkeypatch.setattr(protocol, "offload_starts", slow_offload)
+    monkeypatch.setattr(protocol, "start_candidates", candidates)
+    monkeypatch.setattr(protocol, "_fallback_starts", lambda own, solver, options: [])
+    inst = Instance(_residual(), ("a", "b"), (9000, 9000))
+    protocol.warm_start(inst, [], options=SolverOptions(time_limit_s=2.0), formulation="exact")
+    assert 0.7 <= given[0] <= 0.8  # (2.0 - 0.4 s and the greedy starts) / 2
+    given.clear()
+    protocol.warm_start(inst, [], options=SolverOptions(time_limit_s=0.5), formulation="exact")
+    assert given == [pytest.approx(0.5 * protocol.SOLVE_SHARE / 2)]
+
+
+def test_a_jobs_solve_gets_what_its_warm_start_left_of_the_limit():
+    """:meth:`xengine.protocol.Job.settings`: the limit less the warm start's seconds, at
+    least ``SOLVE_SHARE`` of it; no limit or no start leaves the settings as they are."""
+    from xengine.protocol import SOLVE_SHARE, Job
+    from xengine.strategies.registry import SolveSettings
+
+    inst = _fast_b_chain()
+    base = SolveSettings(options=SolverOptions(time_limit_s=100.0, rel_gap=0.01))
+    assert Job("x", "xengine", inst, False).settings(base) == base
+    got = Job("x", "xengine", inst, False, start_s=30.0).settings(base)
+    assert got.options.time_limit_s == pytest.approx(70.0)
+    assert got.options.rel_gap == 0.01 and got.solver == base.solver
+    late = Job("x", "xengine", inst, False, start_s=90.0).settings(base)
+    assert late.options.time_limit_s == pytest.approx(100.0 * SOLVE_SHARE)
+    unlimited = SolveSettings(options=SolverOptions(time_limit_s=None))
+    assert Job("x", "xengine", inst, False, start_s=30.0).settings(unlimited) == unlimited
 
 
 def test_the_registry_names_every_heuristic_of_the_baselines():
@@ -184,6 +231,8 @@ def test_one_run_path_solves_single_devices_first_and_warm_starts_the_mix(monkey
     """:func:`xengine.protocol.solve_jobs`: the single-device jobs come first, each on each
     device alone; a heterogeneous strategy gets the protocol's warm start, computed from
     the single-device results that came before it, and seen by ``on_start``."""
+    import time
+
     from xengine import protocol
     from xengine.result import StrategyResult
     from xengine.strategies.registry import SolveSettings
@@ -194,12 +243,15 @@ def test_one_run_path_solves_single_devices_first_and_warm_starts_the_mix(monkey
 
     def fake_warm_start(inst_, alone, *args):
         handed.append([r.strategy + "." + r.devices[0] for r in alone])
+        time.sleep(0.2)
         return ("fake start", "SCHEDULE", 1.0)
 
     monkeypatch.setattr(protocol, "warm_start", fake_warm_start)
+    start_s = []
 
     def solve(job, start):
         seen.append((job.label, start))
+        start_s.append(job.start_s)
         return StrategyResult(job.name, job.inst.devices, job.inst.budget_bytes, "infeasible")
 
     said = []
@@ -213,4 +265,6 @@ def test_one_run_path_solves_single_devices_first_and_warm_starts_the_mix(monkey
     assert seen[-1][1] == "SCHEDULE"
     assert handed == [singles]
     assert said == [("fake start", "SCHEDULE", 1.0)]
+    # the mix's job knows what its start took of the limit; the single-device jobs took none
+    assert start_s[:-1] == [0.0] * 4 and start_s[-1] >= 0.2
     assert [job.label for job, _ in jobs] == labels

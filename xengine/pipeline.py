@@ -71,7 +71,7 @@ def run_pipeline(
         return solve_in_context(
             job.name,
             job.inst,
-            cfg.settings,
+            job.settings(cfg.settings),
             prep.captured if cfg.executes else None,
             rounds=cfg.context_rounds,
             repeats=cfg.profile_repeats,

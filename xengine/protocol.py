@@ -51,6 +51,18 @@ class Job:
     name: str
     inst: Instance
     alone: bool
+    start_s: float = 0.0  # seconds its warm start took, counted against its time limit
+
+    def settings(self, base: SolveSettings) -> SolveSettings:
+        """``base`` with what the job's warm start took off the time limit: the limit is the
+        strategy's, starts included (at 11cbf50 a two-device run of 300 s took 430 s, its
+        starts 100 s of it), though never below :data:`SOLVE_SHARE` of it, so that the solve
+        itself always gets some."""
+        limit_s = base.options.time_limit_s
+        if limit_s is None or self.start_s <= 0:
+            return base
+        left_s = _left_s(limit_s, self.start_s)
+        return replace(base, options=replace(base.options, time_limit_s=left_s))
 
 
 def plan(inst: Instance, names: Sequence[str]) -> list[Job]:
@@ -92,8 +104,18 @@ def solve_jobs(
         if STRATEGIES[job.name].heterogeneous:
             t0 = time.perf_counter()
             found = warm_start(inst, alone, settings.solver, settings.options, settings.formulation)
+            job = replace(job, start_s=time.perf_counter() - t0)
+            limit_s = settings.options.time_limit_s
+            if limit_s is not None:
+                log.info(
+                    "%s: the warm start took %.1f s; the solve gets %.1f s of the %g s limit",
+                    job.label,
+                    job.start_s,
+                    job.settings(settings).options.time_limit_s,
+                    limit_s,
+                )
             if on_start is not None:
-                on_start(found, time.perf_counter() - t0)
+                on_start(found, job.start_s)
             start = None if found is None else found[1]
         solved = solve(job, start)
         if STRATEGIES[job.name].one_device:
@@ -115,6 +137,10 @@ OFFLOAD_SHARE = 0.25
 sub-devices need some 45 s per fraction, resnet18 about 1 s)."""
 OFFLOAD_DEFAULT_S = 120.0
 """Their time without a limit."""
+SOLVE_SHARE = 0.25
+"""Of the time limit, the least that XEngine's own solve gets after its warm start
+(:meth:`Job.settings`); the starts themselves take at most :data:`GREEDY_SHARE` per device
+and :data:`OFFLOAD_SHARE`, plus the placed model where nothing else fits."""
 
 
 def _what(res: StrategyResult, memory: str) -> str:
@@ -141,8 +167,9 @@ def warm_start(
        budget holds (:func:`xengine.strategies.distribute.offload_starts`, within
        :data:`OFFLOAD_SHARE` of the limit); those schedules and keep-everything
        spread over the devices, and XEngine's model restricted to the best spread's placement
-       (:func:`xengine.strategies.distribute.start_candidates`; the run's time limit and gap;
-       in exact mode only while nothing fits, :func:`_placed_model_pays`);
+       (:func:`xengine.strategies.distribute.start_candidates`; half of what the starts
+       before it left of the time limit, and the run's gap; in exact mode only while nothing
+       fits, :func:`_placed_model_pays`);
     3. only when none of those fits: Checkmate and the heuristics on each device alone with
        that device's own budget (docs/design.md section 6: each is a feasible point of
        XEngine's model), Checkmate with a quarter of the time limit and a 5 % gap: a start
@@ -151,6 +178,7 @@ def warm_start(
 
     ``None`` when nothing fits (the solver then starts cold).
     """
+    t0 = time.perf_counter()
     options = options or SolverOptions()
     cands: list[tuple[float, str, Schedule]] = []
 
@@ -181,8 +209,12 @@ def warm_start(
         for what, sched in offload_starts(inst, offload_s):
             add(what, sched)
         placed = _placed_model_pays(formulation, has_start=bool(cands))
+        placed_opts = options
+        if limit_s is not None:  # the solve after it gets the other half
+            spent_s = time.perf_counter() - t0
+            placed_opts = replace(options, time_limit_s=_left_s(limit_s, spent_s) / 2)
         for what, sched in start_candidates(
-            inst, singles, xe_solver, options, formulation=formulation, placed_model=placed
+            inst, singles, xe_solver, placed_opts, formulation=formulation, placed_model=placed
         ):
             add(what, sched)
         if not placed:
@@ -196,17 +228,22 @@ def warm_start(
     return what, sched, t
 
 
+def _left_s(limit_s: float, spent_s: float) -> float:
+    """What is left of a strategy's time limit ``limit_s`` after ``spent_s``, never below
+    :data:`SOLVE_SHARE` of it."""
+    return max(limit_s - spent_s, SOLVE_SHARE * limit_s)
+
+
 def _placed_model_pays(formulation: str, has_start: bool) -> bool:
-    """Whether step 2's placed model is worth its time limit (it takes the run's whole limit
-    before XEngine's own solve). In exact mode, once a start fits, it is not: the full solve
-    begins with the frontier relaxation over the devices (or its LP), which bounds the whole
-    problem and reads back schedules of every placement. Measured with run.py, solve only
-    (docs/measurements.md, "Two devices"): resnet18 over CPU + H200 at 55 % and over
-    cpu2+cpu1 at 50 % (120 s, at 4da8a71), GPT-2 over cpu2+cpu1 at 50 % (300 s, at ab6920d):
-    the placed model took its whole limit and ended slower than the held greedy start (39.66
-    against 21.56 ms, 596.0 against 389.4 ms, 5,048.8 against 4,314.7 ms). The interval
-    model (CP-SAT) has no such phase, and there the placed model did help (resnet50: 48.15 ms
-    from 48.85)."""
+    """Whether step 2's placed model is worth its time (half of what the other starts left of the
+    limit; the run's whole limit when measured below). In exact mode, once a start fits, it is
+    not: the full solve begins with the frontier relaxation over the devices (or its LP), which
+    bounds the whole problem and reads back schedules of every placement. Measured with run.py,
+    solve only (docs/measurements.md, "Two devices"): resnet18 over CPU + H200 at 55 % and over
+    cpu2+cpu1 at 50 % (120 s, at 4da8a71), GPT-2 over cpu2+cpu1 at 50 % (300 s, at ab6920d): the
+    placed model took its whole limit and ended slower than the held greedy start (39.66 against
+    21.56 ms, 596.0 against 389.4 ms, 5,048.8 against 4,314.7 ms). The interval model (CP-SAT)
+    has no such phase, and there the placed model did help (resnet50: 48.15 ms from 48.85)."""
     return formulation == "intervals" or not has_start
 
 
@@ -358,7 +395,9 @@ def compare(
     out = Comparison()
 
     def solve(job: Job, start: Schedule | None) -> StrategyResult:
-        return run_strategy(job.name, job.inst, settings, warm_start=start, label=job.label)
+        return run_strategy(
+            job.name, job.inst, job.settings(settings), warm_start=start, label=job.label
+        )
 
     def said(start: tuple[str, Schedule, float] | None, _seconds: float) -> None:
         if start is not None:
