@@ -189,6 +189,8 @@ def test_above_the_size_where_it_pays_its_lp_gives_the_bound(monkeypatch):
     assert res.frontier.status == "lp_bound"
     assert 0 < res.frontier.bound_s <= full.objective_s * (1 + 1e-7)
     assert res.status == "optimal" and res.objective_s == pytest.approx(full.objective_s)
+    # the row's solve time is the whole solve's, the relaxation's phase included
+    assert res.solve_time_s >= res.frontier.solve_time_s + res.extra["milp_solve_time_s"]
 
 
 @pytest.mark.parametrize("seed", range(3))

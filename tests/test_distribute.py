@@ -244,3 +244,12 @@ def test_offloading_beats_the_fast_device_alone_where_memory_is_short():
     best = min(starts, key=lambda s: simulate(inst, s[1]).time_s)[1]
     assert simulate(inst, best).time_s < 0.9 * alone.sim.time_s
     assert (best.R.sum(axis=(1, 2)) > 0).all()  # both devices compute
+
+
+def test_the_fastest_device_runs_every_node_once_in_the_least_time():
+    """Where the multi-device starts put their recomputations: the device of least total
+    compute time, whichever its position."""
+    for costs_b, fastest in ((0.5, 1), (2.0, 0)):
+        inst = Instance(_residual(costs_b), ("a", "b"), (10**6, 10**6))
+        assert inst.fastest_device == fastest
+        assert inst.compute_s[fastest].sum() < inst.compute_s[1 - fastest].sum()

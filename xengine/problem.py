@@ -57,6 +57,12 @@ class Instance:
         """(D, n) seconds to run node i on device d."""
         return np.stack([self.graph.cost_array_s(d) for d in self.devices])
 
+    @property
+    def fastest_device(self) -> int:
+        """The index of the device that runs every node once in the least time (where the
+        multi-device starts put their recomputations, :mod:`xengine.strategies.distribute`)."""
+        return int(np.argmin(self.compute_s.sum(axis=1)))
+
     @cached_property
     def copy_s(self) -> np.ndarray:
         """(D, D, n) seconds to copy node i's output from device a to device b (0 on a == b)."""

@@ -242,7 +242,7 @@ def start_candidates(
     if inst.n_devices < 2:
         return []
     # two cheap one-device schedules with the total memory, on the device fastest overall
-    fastest = int(np.argmin(inst.compute_s.sum(axis=1)))
+    fastest = inst.fastest_device
     alone = inst.only_device(fastest, int(inst.budgets.sum()))
     extra = [("keep-all", keep_all_schedule(alone))]
     greedy = load("chen_greedy")(alone)  # a baseline: looked up, never imported
@@ -308,7 +308,7 @@ def offload_starts(inst: Instance, time_limit_s: float) -> list[tuple[str, Sched
     if inst.n_devices < 2:
         return []
     t0 = time.perf_counter()
-    fast = int(np.argmin(inst.compute_s.sum(axis=1)))
+    fast = inst.fastest_device
     others_bytes = int(inst.budgets.sum() - inst.budgets[fast])
     greedy = load("recompute_greedy")
     out = []
