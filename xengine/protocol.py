@@ -55,7 +55,7 @@ class Job:
 
     def settings(self, base: SolveSettings) -> SolveSettings:
         """``base`` with what the job's warm start took off the time limit: the limit is the
-        strategy's, starts included (at 11cbf50 a two-device run of 300 s took 430 s, its
+        strategy's, starts included (at d3f3e28 a two-device run of 300 s took 430 s, its
         starts 100 s of it), though never below :data:`SOLVE_SHARE` of it, so that the solve
         itself always gets some."""
         limit_s = base.options.time_limit_s
