@@ -218,6 +218,17 @@ def steps(out: Path, quick: bool) -> list[Step]:
             quick_s=60,
         ),
         Step(
+            "second_device",
+            (f"{PY} experiments/second_device.py",),
+            (
+                f"{PY} experiments/second_device.py --nets gpt2_small --rounds 3 "
+                f"--out {out}/second_device",
+            ),
+            ("second_device/second_device.png",),
+            full_s=480,
+            quick_s=40,
+        ),
+        Step(
             "coarsening_h200",
             (
                 f"{PY} experiments/solver_benchmark.py --suite full --costs h200 --graphs "

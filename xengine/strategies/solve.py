@@ -138,16 +138,7 @@ def solve_xengine(
     form = builder(inst, mode=formulation, linearize=linearize, **build_options)
     if placement is not None:
         _restrict(form, placement)
-    x0 = None
-    if warm_start is not None and formulation == "exact":
-        x0 = form.assignment(warm_start)
-        viol = form.model.max_violation(x0)
-        if viol > 1e-6:
-            log.warning("warm start violates the model by %.3g; not used", viol)
-            x0 = None
-    model = form.model
-    if relaxed is not None and relaxed.bound_s is not None:
-        model = model.with_floor(relaxed.bound_s / form.time_scale * (1 - FLOOR_RTOL))
+    model, x0 = _model_and_start(form, warm_start if formulation == "exact" else None, relaxed)
     res = StrategyResult(
         strategy=strategy,
         devices=inst.devices,
@@ -168,38 +159,12 @@ def solve_xengine(
     if refused is not None:
         res.extra["frontier_refused"] = refused
     if form.blocked is not None:
-        node, need = form.blocked
-        res.status = "infeasible"
-        res.message = (
-            f"infeasible: node {node} needs {need} bytes (inputs + output + workspace) on one "
-            f"device, more than any device's budget; every budget must be at least {need} bytes"
-        )
-        res.extra["min_budget_lower_bound_bytes"] = need
-        log.info("%s: %s", strategy, res.message)
-        return res
+        return _blocked(res, form.blocked, strategy)
     trace = _ProgressLog(strategy, form.time_scale)
     if relaxed is not None:
         progress.report(phase="MILP")
     sr = solve(model, solver, options, warm_start=x0, progress=trace)
-    if sr.objective is not None or sr.best_bound is not None:  # where the solve ended
-        end = (sr.objective, sr.best_bound)
-        trace.points.append(
-            (sr.solve_time_s, *(None if v is None else float(v) * form.time_scale for v in end))
-        )
-    res.trace = trace.points
-    if relaxed is not None:  # the relaxation's reports first, the MILP's after them
-        res.frontier = relaxed.info
-        res.trace = relaxed.points + [(relaxed.elapsed_s + e, i, b) for e, i, b in trace.points]
-    res.status = sr.status
-    res.solve_time_s = sr.solve_time_s
-    if relaxed is not None:  # the whole solve's time, as Checkmate reports it; the MILP's apart
-        res.extra["milp_solve_time_s"] = sr.solve_time_s
-        res.solve_time_s = time.perf_counter() - t0
-    res.message = "" if sr.status == "optimal" else sr.message
-    res.gap = sr.gap
-    res.time_to_first_s = sr.time_to_first_s
-    if sr.best_bound is not None:
-        res.best_bound_s = float(sr.best_bound) * form.time_scale
+    _record_solve(res, sr, form, trace, relaxed, t0)
     if sr.x is None:
         log.info("%s: %s after %.1f s", strategy, sr.status, sr.solve_time_s)
         return res
@@ -216,6 +181,62 @@ def solve_xengine(
         time.perf_counter() - t0,
     )
     return res
+
+
+def _model_and_start(form: Formulation, warm_start: Schedule | None, relaxed: _Relaxed | None):
+    """The model to solve (with the frontier relaxation's bound as a floor on its objective,
+    where one ran) and the warm start as an assignment of its variables (None where there is
+    none, or where it violates the model: a start the model rejects is logged, not used)."""
+    x0 = None
+    if warm_start is not None:
+        x0 = form.assignment(warm_start)
+        viol = form.model.max_violation(x0)
+        if viol > 1e-6:
+            log.warning("warm start violates the model by %.3g; not used", viol)
+            x0 = None
+    model = form.model
+    if relaxed is not None and relaxed.bound_s is not None:
+        model = model.with_floor(relaxed.bound_s / form.time_scale * (1 - FLOOR_RTOL))
+    return model, x0
+
+
+def _blocked(res: StrategyResult, blocked: tuple[int, int], strategy: str) -> StrategyResult:
+    """``res`` as the answer when a node needs more than any device's budget: infeasible,
+    with the least budget that could fit it, before any solve."""
+    node, need = blocked
+    res.status = "infeasible"
+    res.message = (
+        f"infeasible: node {node} needs {need} bytes (inputs + output + workspace) on one "
+        f"device, more than any device's budget; every budget must be at least {need} bytes"
+    )
+    res.extra["min_budget_lower_bound_bytes"] = need
+    log.info("%s: %s", strategy, res.message)
+    return res
+
+
+def _record_solve(res, sr, form: Formulation, trace, relaxed: _Relaxed | None, t0: float) -> None:
+    """The solver's answer into ``res``: status, gap, bound, and the trace (the relaxation's
+    reports first, where one ran, then the MILP's, ending where the solve ended). Where a
+    relaxation ran, the solve time is the whole solve's, as Checkmate reports it, and the
+    MILP's own is kept apart."""
+    if sr.objective is not None or sr.best_bound is not None:  # where the solve ended
+        end = (sr.objective, sr.best_bound)
+        trace.points.append(
+            (sr.solve_time_s, *(None if v is None else float(v) * form.time_scale for v in end))
+        )
+    res.trace = trace.points
+    res.status = sr.status
+    res.solve_time_s = sr.solve_time_s
+    if relaxed is not None:
+        res.frontier = relaxed.info
+        res.trace = relaxed.points + [(relaxed.elapsed_s + e, i, b) for e, i, b in trace.points]
+        res.extra["milp_solve_time_s"] = sr.solve_time_s
+        res.solve_time_s = time.perf_counter() - t0
+    res.message = "" if sr.status == "optimal" else sr.message
+    res.gap = sr.gap
+    res.time_to_first_s = sr.time_to_first_s
+    if sr.best_bound is not None:
+        res.best_bound_s = float(sr.best_bound) * form.time_scale
 
 
 def _not_built(
