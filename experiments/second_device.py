@@ -24,7 +24,8 @@ plain step on the fastest device (:mod:`xengine.profile.paired`'s order). The ma
 by 10-30 % within minutes, so what compares is each step's ratio to the plain step beside it:
 per candidate the median ratio with its standard error, and its speed-up over ``one device``
 (the median over rounds of the one-device ratio over the candidate's, same round). Each
-candidate's per-device peaks are measured once under the profiler, beside the simulator's.
+candidate's per-device peaks are measured once under the profiler, beside the simulator's;
+where they differ by more than 1 MiB, the graph and schedule are kept to replay it.
 
 Writes ``results/second_device/second_device.csv`` (one row per net and candidate) and
 ``second_device.png`` (measured ratio to plain with twice its standard error, the predicted
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import logging
 import statistics
 import sys
@@ -57,6 +59,7 @@ from experiments.keep_all_overhead import _commit  # noqa: E402
 from experiments.solver_benchmark import parse_cell  # noqa: E402
 from xengine.execute import allocator  # noqa: E402
 from xengine.execute.executor import CompiledSchedule, PlainStep  # noqa: E402
+from xengine.graph.io import save_graph  # noqa: E402
 from xengine.problem import Instance  # noqa: E402
 from xengine.profile import paired  # noqa: E402
 from xengine.profile.profiler import apply_profile, profile_model  # noqa: E402
@@ -174,6 +177,7 @@ def one_net(net: str, devices: tuple[str, ...], args) -> list[dict]:
             speedup = [a / b for a, b in zip(one, mine, strict=True)]
             row["speedup_over_one_device"] = round(statistics.median(speedup), 4)
             row["speedup_se_pct"] = round(paired.median_se(speedup) * 100, 2)
+        _keep_if_off(row, args.out, graph, budgets, sched, sim, peaks)
         for k, dev in enumerate(devices):
             row[f"pred_peak_{dev}_mib"] = round(int(sim.peak_bytes[k]) / MIB, 2)
             row[f"meas_peak_{dev}_mib"] = round(peaks.get(dev, 0) / MIB, 2)
@@ -207,6 +211,32 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.set_ylabel("step time / plain PyTorch step")
     axes[0][0].legend(fontsize=8, loc="upper left")
     save_figure(fig, path)
+
+
+def _keep_if_off(row: dict, out: Path, graph, budgets, sched: Schedule, sim, peaks) -> None:
+    """Where a measured peak is more than 1 MiB from the simulator's, a warning, and the
+    graph (with its costs), budgets and schedule under ``out/peak_off/`` to replay it: such a
+    schedule depends on the profile of that run and cannot be made again."""
+    off = {
+        d: (int(sim.peak_bytes[k]) - peaks.get(d, 0)) / MIB
+        for k, d in enumerate(sched.devices)
+        if abs(int(sim.peak_bytes[k]) - peaks.get(d, 0)) > MIB
+    }
+    if not off:
+        return
+    name = f"{row['net']}_{row['candidate'].replace(' ', '_').replace('%', 'pct')}"
+    where = out / "peak_off" / name
+    save_graph(graph, where / "graph.json")
+    data = {"budgets_bytes": list(budgets), "schedule": sched.to_json()}
+    (where / "schedule.json").write_text(json.dumps(data) + "\n", encoding="utf-8")
+    log.warning(
+        "%s %s: predicted minus measured peak %s MiB; graph and schedule in %s",
+        row["net"],
+        row["candidate"],
+        {d: round(v, 2) for d, v in off.items()},
+        where,
+    )
+    row["peak_off_dir"] = str(where.relative_to(out))
 
 
 def _load(path: Path) -> list[dict]:

@@ -37,3 +37,37 @@ def test_one_net_writes_its_rows_and_figure(tmp_path):
     png.unlink()
     second_device.main(["--replot", "--out", str(tmp_path)])
     assert png.stat().st_size > 0
+
+
+def test_a_peak_off_by_more_than_1_mib_keeps_graph_and_schedule(tmp_path):
+    import json
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from xengine.graph.io import load_graph
+    from xengine.graph.synthetic import linear_graph
+    from xengine.problem import Instance
+    from xengine.schedule import Schedule, keep_all_schedule
+
+    graph = linear_graph(4, ("cpu2", "cpu1"))
+    inst = Instance(graph, ("cpu2", "cpu1"), (1 << 30, 1 << 30))
+    sched = keep_all_schedule(inst)
+    mib = second_device.MIB
+    sim = SimpleNamespace(peak_bytes=np.array([10 * mib, 4 * mib]))
+    row = {"net": "tiny", "candidate": "offloaded +20%"}
+    # within 1 MiB on both devices: nothing kept
+    second_device._keep_if_off(
+        row, tmp_path, graph, (1, 2), sched, sim, {"cpu2": 9.5 * mib, "cpu1": 4 * mib}
+    )
+    assert "peak_off_dir" not in row and not (tmp_path / "peak_off").exists()
+    second_device._keep_if_off(
+        row, tmp_path, graph, (1, 2), sched, sim, {"cpu2": 8 * mib, "cpu1": 4 * mib}
+    )
+    where = tmp_path / row["peak_off_dir"]
+    assert where.name == "tiny_offloaded_+20pct"
+    assert load_graph(where / "graph.json").size == graph.size
+    data = json.loads((where / "schedule.json").read_text())
+    assert data["budgets_bytes"] == [1, 2]
+    again = Schedule.from_json(data["schedule"])
+    assert (again.R == sched.R).all() and (again.S == sched.S).all()
