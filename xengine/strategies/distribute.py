@@ -300,9 +300,11 @@ def offload_starts(inst: Instance, time_limit_s: float) -> list[tuple[str, Sched
     first, until every budget holds (:func:`_offload`). Why: the spread's cuts and single moves
     start from half the net on the slow device; this starts from the fast one and moves only
     what the memory needs. On two CPU sub-devices at 50 % it found the first schedules faster
-    than the one-device start (GPT-2 12 layers: 4,272.5 against 4,314.7 ms; resnet18: 386.2
-    against 389.4 ms; docs/measurements.md). Stops trying fractions after ``time_limit_s``;
-    only schedules that fit are returned."""
+    than the one-device start on the profile's costs (GPT-2 12 layers: 4,272.5 against
+    4,314.7 ms; resnet18: 386.2 against 389.4 ms); executed side by side with one device, they
+    were not faster on resnet18 or mobilenet_v2 (``experiments/second_device.py``,
+    docs/measurements.md). Stops trying fractions after ``time_limit_s``; only schedules that
+    fit are returned."""
     from xengine.strategies.registry import load
 
     if inst.n_devices < 2:
