@@ -380,3 +380,17 @@ def test_a_start_that_meets_the_placement_bound_ends_the_solve_at_once():
     assert not res2.nothing_to_solve and res2.objective_s == pytest.approx(
         cold.objective_s, rel=1e-9
     )
+
+
+@pytest.mark.parametrize("formulation", ["exact", "paper"])
+def test_a_node_larger_than_every_budget_is_infeasible_before_any_solve(formulation):
+    """solve_xengine's blocked answer: the node named, the least budget that could fit it,
+    and no solver run (no solve time, no trace)."""
+    g = random_graph(1)
+    inst = Instance(g, ("a", "b"), (10, 10))
+    res = solve_xengine(inst, formulation=formulation, options=OPTS)
+    assert res.status == "infeasible"
+    assert "every budget must be at least" in res.message
+    need = res.extra["min_budget_lower_bound_bytes"]
+    assert need > 10 and f"at least {need} bytes" in res.message
+    assert not res.trace and not res.solve_time_s
