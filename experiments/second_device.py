@@ -64,6 +64,7 @@ from xengine.problem import Instance  # noqa: E402
 from xengine.profile import paired  # noqa: E402
 from xengine.profile.profiler import apply_profile, profile_model  # noqa: E402
 from xengine.profile.workspace import capture_net  # noqa: E402
+from xengine.protocol import OFFLOAD_DEFAULT_S  # noqa: E402
 from xengine.records.plots import save_figure  # noqa: E402
 from xengine.schedule import Schedule, keep_all_schedule  # noqa: E402
 from xengine.simulate import keep_all_peak_bytes, simulate  # noqa: E402
@@ -75,7 +76,8 @@ OUT = ROOT / "results" / "second_device"
 MIB = 2**20
 # net -> (batch, image size or sequence length): resnet18 as run.py runs it by default
 NETS = {"resnet18": (4, 224), "mobilenet_v2": (4, 128), "gpt2_small": (2, 256)}
-OFFLOAD_LIMIT_S = 120.0  # what the offloaded starts may take per net, as in a 480 s solve
+# what the offloaded starts may take per net: the protocol's own when a run has no limit
+OFFLOAD_LIMIT_S = OFFLOAD_DEFAULT_S
 
 
 def candidates(inst: Instance) -> list[tuple[str, Schedule]]:
