@@ -30,9 +30,9 @@ from xengine.problem import Instance
 from xengine.result import RelaxationRun, StrategyResult
 from xengine.simulate import ScheduleError, simulate
 from xengine.solvers import ProgressFn, SolverOptions, solve
-from xengine.solvers.model import SOLUTION_STATUSES, relative_gap
+from xengine.solvers.model import SOLUTION_STATUSES, MilpModel, SolveResult, relative_gap
 from xengine.strategies.bounds import once_bound_s
-from xengine.strategies.formulation import build
+from xengine.strategies.formulation import Formulation, build
 from xengine.strategies.frontier import FRONTIER_SHARE, solve_frontier
 from xengine.strategies.model_size import milp_memory_problem
 
@@ -414,43 +414,15 @@ def _solve_milp(
     """Checkmate's MILP itself, from ``seed`` (a fitting schedule, or None), with ``bound_s``
     (a proven bound, or None) as a floor on its objective."""
     g = inst.graph
-    budget = int(inst.budget_bytes[0])
     form = build(inst, mode="exact")
     model = form.model
     if bound_s is not None:
         model = model.with_floor(bound_s / form.time_scale * (1 - FLOOR_RTOL))
-    x0 = None
-    if seed is not None:
-        x0 = form.assignment(seed.schedule)
-        viol = model.max_violation(x0)
-        extra["warm_start"] = seed.strategy
-        extra["warm_start_time_s"] = seed.sim.time_s
-        if viol > 1e-6:  # the model and the simulator disagree on a valid schedule
-            log.warning("warm start from %s violates the model by %.3g", seed.strategy, viol)
-            extra["warm_start_violation"] = viol
+    x0 = _milp_start(form, model, seed, extra)
 
     status.report(phase="MILP")
     progress = _shown(progress, form.time_scale, bound_s)
-    res = solve(model, solver, options, warm_start=x0, progress=progress)
-    solve_time_s = res.solve_time_s
-    if x0 is not None and res.has_solution and not _consistent(model, res):
-        # HiGHS 1.16 can report the optimum of its presolved model yet hand back the MIP
-        # start as the solution (seen on chain(3) at 4000 bytes: objective 10, x costs 12).
-        # Keep the solver's answer only when x is what it says; otherwise solve cold.
-        log.warning(
-            "%s: solver %s reports objective %.9g but its solution costs %.9g; "
-            "solving again without the warm start",
-            g.name,
-            res.solver,
-            res.objective,
-            model.objective(res.x),
-        )
-        extra["warm_start_discarded"] = (
-            f"solver reported {res.objective:.9g} for a solution costing "
-            f"{model.objective(res.x):.9g}"
-        )
-        res = solve(model, solver, options, warm_start=None, progress=progress)
-        solve_time_s += res.solve_time_s
+    res, solve_time_s = _solve_checked(g.name, model, solver, options, x0, progress, extra)
     out = StrategyResult(
         strategy="checkmate",
         devices=inst.devices,
@@ -478,33 +450,101 @@ def _solve_milp(
         model.n_vars,
         model.n_rows,
     )
-
     if not res.has_solution:
-        if res.status == "infeasible":
-            if seed is not None:
-                out.status = "error"
-                out.message = (
-                    f"solver {res.solver} reports budget {budget} bytes infeasible, yet the "
-                    f"{seed.strategy} schedule fits it (peak {int(seed.sim.peak_bytes.max())} "
-                    "bytes): the model is wrong for this graph"
-                )
-            else:
-                out.message = f"no schedule of {g.name!r} fits {budget} bytes: " + (
-                    budget_range_message(g, infeasible_at=budget)
-                )
-        else:
-            hint = f"; best heuristic that fits: {seed.strategy}" if seed is not None else ""
-            out.message = f"solver {res.solver}: {res.status} ({res.message}){hint}"
+        out.message = _no_solution_message(inst, res, seed)
+        if res.status == "infeasible" and seed is not None:
+            out.status = "error"
         return out
-
-    x = res.x
     if not _consistent(model, res):
         out.status = "error"
         out.message = (
             f"solver {res.solver} reports objective {res.objective:.9g} but its solution "
-            f"costs {model.objective(x):.9g}"
+            f"costs {model.objective(res.x):.9g}"
         )
         return out
+    _read_schedule(inst, form, res.x, out, extra)
+    return out
+
+
+def _milp_start(
+    form: Formulation, model: MilpModel, seed: StrategyResult | None, extra: dict
+) -> np.ndarray | None:
+    """The seed schedule as a complete assignment of the model (None without a seed); a
+    seed the model rejects is still handed over, and ``extra`` says by how much it breaks a
+    row (the model and the simulator would disagree on a valid schedule)."""
+    if seed is None:
+        return None
+    x0 = form.assignment(seed.schedule)
+    viol = model.max_violation(x0)
+    extra["warm_start"] = seed.strategy
+    extra["warm_start_time_s"] = seed.sim.time_s
+    if viol > 1e-6:
+        log.warning("warm start from %s violates the model by %.3g", seed.strategy, viol)
+        extra["warm_start_violation"] = viol
+    return x0
+
+
+def _solve_checked(
+    name: str,
+    model: MilpModel,
+    solver: str,
+    options: SolverOptions,
+    x0: np.ndarray | None,
+    progress: ProgressFn,
+    extra: dict,
+) -> tuple[SolveResult, float]:
+    """Solve, and solve again without the start where the answer is not what the solver says.
+
+    HiGHS 1.16 can report the optimum of its presolved model yet hand back the MIP start as
+    the solution (seen on chain(3) at 4000 bytes: objective 10, x costs 12). Returns the
+    result kept and the seconds of both solves."""
+    res = solve(model, solver, options, warm_start=x0, progress=progress)
+    solve_time_s = res.solve_time_s
+    if x0 is not None and res.has_solution and not _consistent(model, res):
+        log.warning(
+            "%s: solver %s reports objective %.9g but its solution costs %.9g; "
+            "solving again without the warm start",
+            name,
+            res.solver,
+            res.objective,
+            model.objective(res.x),
+        )
+        extra["warm_start_discarded"] = (
+            f"solver reported {res.objective:.9g} for a solution costing "
+            f"{model.objective(res.x):.9g}"
+        )
+        res = solve(model, solver, options, warm_start=None, progress=progress)
+        solve_time_s += res.solve_time_s
+    return res, solve_time_s
+
+
+def _no_solution_message(inst: Instance, res: SolveResult, seed: StrategyResult | None) -> str:
+    """Why the MILP gave no schedule. An infeasible answer with a fitting seed means the
+    model is wrong for this graph (the caller makes that an error)."""
+    g = inst.graph
+    budget = int(inst.budget_bytes[0])
+    if res.status == "infeasible":
+        if seed is not None:
+            return (
+                f"solver {res.solver} reports budget {budget} bytes infeasible, yet the "
+                f"{seed.strategy} schedule fits it (peak {int(seed.sim.peak_bytes.max())} "
+                "bytes): the model is wrong for this graph"
+            )
+        return f"no schedule of {g.name!r} fits {budget} bytes: " + (
+            budget_range_message(g, infeasible_at=budget)
+        )
+    hint = f"; best heuristic that fits: {seed.strategy}" if seed is not None else ""
+    return f"solver {res.solver}: {res.status} ({res.message}){hint}"
+
+
+def _read_schedule(
+    inst: Instance, form: Formulation, x: np.ndarray, out: StrategyResult, extra: dict
+) -> None:
+    """The solver's point as ``out``'s schedule: its raw schedule simulated (kept in
+    ``extra``), then R re-derived from its S by Checkmate's pass, which never costs time or
+    memory. A raw schedule the simulator rejects or finds over the budget is an error; an
+    objective other than the simulated time is said in the message."""
+    g = inst.graph
     out.objective_s = form.objective_s(x)
     out.model_peak_bytes = form.peak_bytes(x)
     raw = form.schedule_from(x)
@@ -513,7 +553,7 @@ def _solve_milp(
     except ScheduleError as exc:
         out.status = "error"
         out.message = f"the solver's schedule is invalid for the simulator: {exc}"
-        return out
+        return
     extra.update(
         raw_schedule=raw,
         raw_sim=raw_sim,
@@ -540,7 +580,6 @@ def _solve_milp(
             f"{raw_sim.time_s:.6g} s"
         )
         log.warning("%s: %s", g.name, out.message)
-    return out
 
 
 def _shown(

@@ -75,3 +75,17 @@ def test_a_measured_peak_over_the_budget_makes_the_run_wrong(tmp_path):
     assert row.measured_peak_bytes[0] > budget + max(2**20, 0.01 * budget), row
     assert row.grads_match is True  # the answer's numbers are right; its memory is not
     assert "exceeds the budget" in row.wrong and run_status(rows) == "wrong"
+
+
+def test_the_compile_column_shows_only_where_a_row_compiled():
+    """A column only compiled policies fill is left out of a table where none ran (the
+    default run's), and shown, with a dash for the others, where one did."""
+    from xengine.result import RunRow
+
+    plain = RunRow(label="checkmate", strategy="checkmate", devices=("cpu",), status="feasible")
+    compiled = dataclasses.replace(plain, label="torch_budget", compile_time_s=12.34)
+    header = format_table([plain]).splitlines()[0]
+    assert "compile s" not in header and "solve s" in header and "gap %" in header
+    lines = format_table([plain, compiled]).splitlines()
+    assert "compile s" in lines[0]
+    assert lines[3].split()[-3] == "12.3" and lines[2].split()[-3] == "-"

@@ -56,6 +56,10 @@ COLUMNS: list[tuple[str, Cell]] = [
 ]
 """(header, cell) for the printed table."""
 
+SHOWN_WHEN_USED = frozenset({"compile s"})
+"""Columns only some strategies fill (PyTorch's compiled policies): left out of a table in
+which no row has a value, so the default run's table has no column of dashes."""
+
 CSV_FIELDS: list[tuple[str, Callable[[RunRow], object]]] = [
     ("strategy", lambda r: r.label),
     ("devices", lambda r: "+".join(r.devices)),
@@ -133,10 +137,15 @@ def text_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> list[str
 
 
 def format_table(rows: Sequence[RunRow], title: str = "", footer: Sequence[str] = ()) -> str:
-    """A fixed-width text table, then ``footer`` lines, then one note line per row that has
-    a note."""
+    """A fixed-width text table (a column of :data:`SHOWN_WHEN_USED` only where a row has a
+    value), then ``footer`` lines, then one note line per row that has a note."""
     out = [title] if title else []
-    out += text_table([h for h, _ in COLUMNS], [[cell(r) for _, cell in COLUMNS] for r in rows])
+    cols = [
+        (h, cell)
+        for h, cell in COLUMNS
+        if h not in SHOWN_WHEN_USED or any(cell(r) != "-" for r in rows)
+    ]
+    out += text_table([h for h, _ in cols], [[cell(r) for _, cell in cols] for r in rows])
     out += list(footer)
     notes = [f"  {r.label}: {r.note}" for r in rows if r.note]
     if notes:
