@@ -14,7 +14,6 @@ time, the proven bound and gap, and the wall time. Writes
 from __future__ import annotations
 
 import argparse
-import csv
 import logging
 import sys
 import time
@@ -30,6 +29,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from baselines.checkmate import solve_checkmate  # noqa: E402
+from experiments.common import write_csv  # noqa: E402
 from xengine.problem import Instance  # noqa: E402
 from xengine.profile.profiler import apply_profile, profile_model  # noqa: E402
 from xengine.profile.workspace import capture_net  # noqa: E402
@@ -145,10 +145,7 @@ def main(argv=None) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     stem = f"checkmate_frontier_{args.time_limit_s:g}s"
     csv_path = OUT / f"{stem}.csv"
-    with csv_path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS)
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(csv_path, rows, FIELDS)
     plot(rows, OUT / f"{stem}.png")
     print(
         f"{'net':10s} {'budget':>6s} {'method':20s} {'status':9s} "

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import csv
 import logging
 import sys
 from pathlib import Path
@@ -38,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from baselines.pytorch import compiled, without_dropout  # noqa: E402
+from experiments.common import write_csv  # noqa: E402
 from xengine.execute.executor import PlainStep, reference_step  # noqa: E402
 from xengine.profile.workspace import capture_net  # noqa: E402
 
@@ -128,10 +128,7 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     rows = [measure(net, args.batch, args.size) for net in args.nets]
     path = OUT / "compiled_gradients.csv"
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(path, rows)
     plot(rows, OUT / "compiled_gradients.png")
     print(path.read_text())
 

@@ -18,7 +18,6 @@ alone, so the sum of the op times can be read against a whole step. It writes, u
 from __future__ import annotations
 
 import argparse
-import csv
 import logging
 import math
 import statistics
@@ -34,6 +33,7 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from experiments.common import write_csv  # noqa: E402
 from xengine.execute.executor import reference_step  # noqa: E402
 from xengine.graph.io import save_graph  # noqa: E402
 from xengine.profile.profiler import apply_profile, profile_model  # noqa: E402
@@ -146,10 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                 [1e3 * prof.compute_s[b][x] for x in names],
             )
         # written after every net: a crash later keeps what was measured
-        with open(args.out / "profiles.csv", "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=FIELDS)
-            w.writeheader()
-            w.writerows(rows)
+        write_csv(args.out / "profiles.csv", rows, FIELDS)
     if points:
         a, b = args.devices[:2]
         fig, ax = plt.subplots(figsize=(6, 5))

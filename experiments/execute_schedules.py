@@ -33,6 +33,7 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from experiments.common import write_csv  # noqa: E402
 from xengine.execute.executor import execute, reference_step  # noqa: E402
 from xengine.execute.grads import check_grads, reference_devices  # noqa: E402
 from xengine.prepare import StartState  # noqa: E402
@@ -152,10 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         for label, ts in times.items():
             for k, t in enumerate(ts, start=1):
                 w.writerow([k, label, f"{1e3 * t:.3f}"])
-    with open(args.out / f"{tag}_summary.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(args.out / f"{tag}_summary.csv", rows)
 
     fig, ax = plt.subplots(figsize=(7, 0.6 * len(rows) + 1.5))
     ys = range(len(rows))

@@ -52,6 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from baselines.heuristics import solve_chen_sqrtn  # noqa: E402
+from experiments.common import write_csv  # noqa: E402
 from xengine.execute.executor import CompiledSchedule, PlainStep  # noqa: E402
 from xengine.problem import Instance  # noqa: E402
 from xengine.profile.profiler import apply_profile, profile_model  # noqa: E402
@@ -314,10 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = args.out / ("summary.csv" if not args.net else f"{configs[0].name}_summary.csv")
     rows = merged(summary, rows, args.out)
     fields = [k for k in rows[-1] if not k.startswith("_")]
-    with open(summary, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(summary, rows, fields, only=True)
     plot(rows, summary.with_suffix(".png"))
     log.info("wrote %s and %s", summary, summary.with_suffix(".png"))
     return 0

@@ -14,7 +14,6 @@ starts of the exact models, which is why their quality matters for issue 5. Writ
 from __future__ import annotations
 
 import argparse
-import csv
 import logging
 import sys
 import time
@@ -30,6 +29,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from baselines.heuristics import HEURISTICS  # noqa: E402
+from experiments.common import write_csv  # noqa: E402
 from experiments.solver_benchmark import budgets_for, net_graph  # noqa: E402
 from xengine.problem import Instance  # noqa: E402
 from xengine.records.plots import save_figure  # noqa: E402
@@ -133,10 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 log.info("%s on %s at %s: done", net, dev, label)
         # written after every net: a run stopped later keeps what it measured
-        with csv_path.open("w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=FIELDS)
-            w.writeheader()
-            w.writerows(rows)
+        write_csv(csv_path, rows, FIELDS)
     devices = list(dict.fromkeys(r["device"] for r in rows))
     for dev in devices:
         plot(rows, args.out / f"heuristics_nets_{dev}.png", dev)

@@ -25,7 +25,6 @@ import argparse
 import csv
 import logging
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,6 +38,8 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from experiments.common import commit as checkout_commit  # noqa: E402
+from experiments.common import write_csv  # noqa: E402
 from experiments.solver_benchmark import parse_cell  # noqa: E402
 from experiments.time_fidelity import NETS  # noqa: E402
 from experiments.time_fidelity import pairs as timed_pairs  # noqa: E402
@@ -130,19 +131,6 @@ def plot(rows: list[dict], path: Path, commit: str) -> None:
     save_figure(fig, path)
 
 
-def _commit() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nets", nargs="+", default=list(NETS), choices=list(NETS))
@@ -169,17 +157,14 @@ def main(argv: list[str] | None = None) -> None:
         allocator.steady_malloc()
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
-    commit = _commit()
+    commit = checkout_commit()
     t0 = time.perf_counter()
     for k, net in enumerate(args.nets):
         log.info("[%d/%d] %s (%.0f s so far)", k + 1, len(args.nets), net, time.perf_counter() - t0)
         row = measure(net, args.pairs, args.seconds, args.most)
         rows.append(row | {"commit": commit, "malloc": allocator.mode()})
         log.info("%s: keep-everything / plain = %.3f", net, rows[-1]["ratio"])
-        with open(args.out / "keep_all.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+        write_csv(args.out / "keep_all.csv", rows)
     plot(rows, args.out / "keep_all.png", commit)
     print(
         f"{'net':<22} {'keep_all_ms':>11} {'plain_ms':>9} {'ratio':>7} {'se_pct':>7}"

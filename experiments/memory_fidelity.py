@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from baselines.checkmate import solve_checkmate  # noqa: E402
+from experiments.common import write_csv  # noqa: E402
 from xengine.execute.executor import execute, reference_step  # noqa: E402
 from xengine.graph.types import GRANULARITIES  # noqa: E402
 from xengine.problem import Instance  # noqa: E402
@@ -179,14 +180,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _write(rows: list[dict], out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    fields: list[str] = []
-    for r in rows:
-        fields += [k for k in r if k not in fields]
-    with open(out / "memory_fidelity.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=fields)
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(out / "memory_fidelity.csv", rows)
     plot(rows, out / "memory_fidelity.png")
 
 

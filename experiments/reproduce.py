@@ -33,6 +33,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from experiments.common import commit  # noqa: E402
+
 PY = "python"  # as the figures name it; run with this interpreter (sys.executable)
 log = logging.getLogger("reproduce")
 
@@ -276,23 +279,6 @@ def with_interpreter(command: str) -> str:
 
 
 # ------------------------------------------------------------------------------ stamping
-def commit() -> str:
-    """The checkout's commit, ``+dirty`` when files differ from it."""
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-    except OSError:
-        return "unknown"
-    return (sha or "unknown") + ("+dirty" if dirty else "")
-
-
 def stamp(png: Path, command: str, sha: str) -> None:
     """A strip under the picture naming ``command`` and ``sha``, and both as PNG text."""
     from PIL import Image, ImageDraw

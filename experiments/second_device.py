@@ -55,7 +55,8 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from experiments.keep_all_overhead import _commit  # noqa: E402
+from experiments.common import commit as checkout_commit  # noqa: E402
+from experiments.common import write_csv  # noqa: E402
 from experiments.solver_benchmark import parse_cell  # noqa: E402
 from xengine.execute import allocator  # noqa: E402
 from xengine.execute.executor import CompiledSchedule, PlainStep  # noqa: E402
@@ -252,12 +253,7 @@ def _load(path: Path) -> list[dict]:
 
 
 def write(rows: list[dict], out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    fields = list(dict.fromkeys(k for r in rows for k in r))
-    with open(out / "second_device.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(out / "second_device.csv", rows)
     good = [r for r in rows if "meas_over_plain" in r]
     if good:
         plot(good, out / "second_device.png")
@@ -277,7 +273,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.replot:
         plot(_load(args.out / "second_device.csv"), args.out / "second_device.png")
         return
-    args.commit = _commit()
+    args.commit = checkout_commit()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     for noisy in ("xengine", "baselines"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -41,6 +41,7 @@ if str(ROOT) not in sys.path:
 
 from baselines.heuristics import best_fitting, run_heuristics  # noqa: E402
 from baselines.lp_rounding import solve_lp_rounding  # noqa: E402
+from experiments import common  # noqa: E402
 from experiments.formulation_variants import (  # noqa: E402
     build_published,
     build_symmetry_broken,
@@ -602,12 +603,7 @@ def cross_check(rows: list[dict], rel_gap: float = 0.0) -> list[dict]:
 
 # ----------------------------------------------------------------------------- output
 def write_csv(rows: list[dict], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=FIELDS, extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: ("" if r.get(k) is None else r.get(k, "")) for k in FIELDS})
+    common.write_csv(path, rows, FIELDS, only=True)
 
 
 def write_traces(rows: list[dict], path: Path) -> int:

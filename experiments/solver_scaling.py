@@ -61,6 +61,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from experiments.common import write_csv  # noqa: E402
 from experiments.solver_benchmark import time_to_gap_s  # noqa: E402
 from xengine.graph.types import Graph  # noqa: E402
 from xengine.problem import Instance  # noqa: E402
@@ -355,10 +356,7 @@ def _fmt(x) -> str:
 
 
 def _write(rows: list[dict], traces: list[tuple], out: Path) -> None:
-    with open(out / "solver_scaling.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, FIELDS, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(out / "solver_scaling.csv", rows, FIELDS, only=True)
     with open(out / "solver_scaling_traces.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["num_layers", "n_nodes", "strategy", "elapsed_s", "incumbent_s", "bound_s"])

@@ -66,6 +66,7 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from experiments.common import write_csv  # noqa: E402
 from experiments.solver_benchmark import parse_cell  # noqa: E402
 from xengine.config import MALLOCS  # noqa: E402
 from xengine.execute import allocator  # noqa: E402
@@ -542,19 +543,12 @@ def _load(path: Path) -> list[dict]:
 
 
 def _write(rows: list[dict], out: Path, final: bool = False) -> None:
-    fields = list(dict.fromkeys(k for r in rows for k in r))
-    with open(out / "time_fidelity.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(out / "time_fidelity.csv", rows)
     good = [r for r in rows if "meas_ms" in r]
     if not good:
         return
     summary = summarize([r for r in rows if "strategy" in r])
-    with open(out / "summary.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(summary[0]))
-        w.writeheader()
-        w.writerows(summary)
+    write_csv(out / "summary.csv", summary)
     plot(good, out / "time_fidelity.png")
     if final:
         errs = [abs(r["err_pct"]) for r in good]

@@ -74,3 +74,22 @@ def test_every_python_that_starts_a_program_is_this_interpreter():
     assert mod.with_interpreter(cmd) == (
         f"taskset -c 0 {exe} a.py --x python & a=$!; {exe} b.py && {exe} c.py"
     )
+
+
+def test_the_scripts_csv_writer_keeps_every_column_and_refuses_stray_ones(tmp_path):
+    """experiments/common.py: the writer every benchmark script uses. Rows of one file may
+    differ (a failed net has no measurements): every key becomes a column in the order it
+    first appears, a missing key or None is an empty cell; with fixed columns a stray key is
+    an error unless the caller says to drop it."""
+    from experiments.common import write_csv
+
+    rows = [{"net": "a", "ms": 1.5}, {"net": "b", "error": "boom", "ms": None}]
+    path = write_csv(tmp_path / "new" / "out.csv", rows)  # the folder is made
+    with path.open(newline="") as fh:
+        got = list(csv.reader(fh))
+    assert got == [["net", "ms", "error"], ["a", "1.5", ""], ["b", "", "boom"]]
+
+    with pytest.raises(ValueError, match="error"):
+        write_csv(tmp_path / "fixed.csv", rows, ["net", "ms"])
+    write_csv(tmp_path / "fixed.csv", rows, ["net", "ms"], only=True)
+    assert (tmp_path / "fixed.csv").read_text().splitlines() == ["net,ms", "a,1.5", "b,"]
