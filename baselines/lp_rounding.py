@@ -26,7 +26,8 @@ from baselines.heuristics import (
 from xengine.checkpoints import budget_range_message, solve_r_opt
 from xengine.problem import Instance
 from xengine.result import StrategyResult
-from xengine.simulate import simulate
+from xengine.schedule import Schedule
+from xengine.simulate import Simulation, simulate
 from xengine.solvers import MilpModel, SolverOptions, SolverUnavailable
 from xengine.solvers.model import relative_gap
 from xengine.strategies.formulation import build
@@ -163,27 +164,9 @@ def solve_lp_rounding(
         if frac == 1.0:
             n_vars, n_rows = form.model.n_vars, form.model.n_rows
             if status != "optimal":
-                res = StrategyResult(
-                    strategy="lp_rounding",
-                    devices=inst.devices,
-                    budget_bytes=inst.budget_bytes,
-                    status={"infeasible": "infeasible", "limit": "no_solution"}.get(
-                        status, "error"
-                    ),
-                    solver="cvxpy:HIGHS",
-                    solve_time_s=lp_s,
-                    build_time_s=build_s,
-                    n_vars=n_vars,
-                    n_rows=n_rows,
-                    extra=extra,
-                )
-                res.message = {
-                    "infeasible": f"the LP relaxation is infeasible, so no schedule of "
-                    f"{g.name!r} fits {budget} bytes: " + budget_range_message(g),
-                    "limit": f"the LP relaxation reached its time limit ({options.time_limit_s:g}"
-                    " s) before an optimum, so there is nothing to round; a larger "
-                    "solver.time_limit_s gives it time",
-                }.get(status, f"the LP relaxation failed: {msg}")
+                res = _lp_failed(inst, status, msg, options.time_limit_s, extra)
+                res.solve_time_s, res.build_time_s = lp_s, build_s
+                res.n_vars, res.n_rows = n_vars, n_rows
                 return res
             bound_s = form.objective_s(x)
         if status != "optimal":
@@ -196,17 +179,7 @@ def solve_lp_rounding(
         for k in range(n_random):
             _add(candidates, f"bernoulli #{k}{tag}", rng.random(s_frac.shape) < s_frac)
 
-    best = None
-    n_fit = 0
-    for label, S in candidates.values():
-        sched = solve_r_opt(g, S, dev, drop_unused=True)
-        sim = simulate(inst, sched, check_budget=False)
-        n_fit += sim.within_budget
-        peak = int(sim.peak_bytes.max())
-        key = (0, sim.time_s, peak) if sim.within_budget else (1, peak, sim.time_s)
-        if best is None or key < best[0]:
-            best = (key, label, sched, sim)
-    _, label, sched, sim = best
+    label, sched, sim, n_fit = _best_candidate(inst, candidates)
     extra.update(
         lp_objective_s=bound_s, n_candidates=len(candidates), n_within_budget=n_fit, rounding=label
     )
@@ -233,6 +206,50 @@ def solve_lp_rounding(
         lp_s,
     )
     return res
+
+
+def _lp_failed(
+    inst: Instance, status: str, msg: str, limit_s: float | None, extra: dict
+) -> StrategyResult:
+    """The answer when the LP at the instance's budget has no optimum: infeasible (so is
+    every schedule), stopped at the limit (nothing to round), or failed."""
+    g, budget = inst.graph, int(inst.budget_bytes[0])
+    res = StrategyResult(
+        strategy="lp_rounding",
+        devices=inst.devices,
+        budget_bytes=inst.budget_bytes,
+        status={"infeasible": "infeasible", "limit": "no_solution"}.get(status, "error"),
+        solver="cvxpy:HIGHS",
+        extra=extra,
+    )
+    res.message = {
+        "infeasible": f"the LP relaxation is infeasible, so no schedule of "
+        f"{g.name!r} fits {budget} bytes: " + budget_range_message(g),
+        "limit": f"the LP relaxation reached its time limit ({limit_s:g}"
+        " s) before an optimum, so there is nothing to round; a larger "
+        "solver.time_limit_s gives it time",
+    }.get(status, f"the LP relaxation failed: {msg}")
+    return res
+
+
+def _best_candidate(
+    inst: Instance, candidates: dict[bytes, tuple[str, np.ndarray]]
+) -> tuple[str, Schedule, Simulation, int]:
+    """Each rounded S completed by Checkmate's R pass and simulated: the fastest that fits,
+    else the one of the lowest peak; with the number that fit."""
+    g, dev = inst.graph, inst.devices[0]
+    best = None
+    n_fit = 0
+    for label, S in candidates.values():
+        sched = solve_r_opt(g, S, dev, drop_unused=True)
+        sim = simulate(inst, sched, check_budget=False)
+        n_fit += sim.within_budget
+        peak = int(sim.peak_bytes.max())
+        key = (0, sim.time_s, peak) if sim.within_budget else (1, peak, sim.time_s)
+        if best is None or key < best[0]:
+            best = (key, label, sched, sim)
+    _, label, sched, sim = best
+    return label, sched, sim, n_fit
 
 
 def _add(candidates: dict, label: str, S: np.ndarray) -> None:

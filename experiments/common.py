@@ -1,9 +1,9 @@
 """What every benchmark script writes the same way: its rows as CSV and the commit that made
 them.
 
-The scripts rewrite their CSV whole after every unit of work (a net, a solve), so a run that
-is stopped or fails later keeps everything it measured; one writer here keeps that rule and
-the column order in one place.
+The long sweeps rewrite their CSV whole after every unit of work (a net, a solve), so a run
+that is stopped or fails later keeps everything it measured; one writer here keeps the column
+order and the empty cells in one place.
 """
 
 from __future__ import annotations

@@ -24,8 +24,9 @@ plain step on the fastest device (:mod:`xengine.profile.paired`'s order). The ma
 by 10-30 % within minutes, so what compares is each step's ratio to the plain step beside it:
 per candidate the median ratio with its standard error, and its speed-up over ``one device``
 (the median over rounds of the one-device ratio over the candidate's, same round). Each
-candidate's per-device peaks are measured once under the profiler, beside the simulator's;
-where they differ by more than 1 MiB, the graph and schedule are kept to replay it.
+candidate's per-device peaks are measured once under the profiler after its rounds, beside
+the simulator's; where they differ by more than 1 MiB, the graph and schedule are kept to
+replay it.
 
 Writes ``results/second_device/second_device.csv`` (one row per net and candidate) and
 ``second_device.png`` (measured ratio to plain with twice its standard error, the predicted
@@ -103,8 +104,12 @@ def candidates(inst: Instance) -> list[tuple[str, Schedule]]:
     return out
 
 
-def measure(cap, inst: Instance, cands, rounds: int) -> dict[str, list[float]]:
-    """Per candidate, its step times over the plain step's before it, round by round."""
+def measure(
+    cap, inst: Instance, cands, rounds: int
+) -> tuple[dict[str, list[float]], dict[str, dict[str, int]]]:
+    """Per candidate, its step times over the plain step's before it, round by round, and
+    then each CPU device's activation peak in one step under the profiler (by the same
+    compiled schedule: each candidate is compiled once)."""
     fast_dev = inst.devices[inst.fastest_device]
     exes = {label: CompiledSchedule(cap, inst, s) for label, s in cands}
     plain = PlainStep(cap, fast_dev)
@@ -123,18 +128,12 @@ def measure(cap, inst: Instance, cands, rounds: int) -> dict[str, list[float]]:
                     rounds,
                     ", ".join(f"{k} {v[-1]:.3f}" for k, v in ratios.items()),
                 )
+        peaks = {label: exe.cpu_peaks()[0] for label, exe in exes.items()}
     finally:
         plain.close()
         for exe in exes.values():
             exe.close()
-    return ratios
-
-
-def measured_peaks(cap, inst: Instance, sched: Schedule) -> dict[str, int]:
-    """Each CPU device's activation peak in one step under the profiler."""
-    with CompiledSchedule(cap, inst, sched) as exe:
-        exe.step()
-        return exe.cpu_peaks()[0]
+    return ratios, peaks
 
 
 def one_net(net: str, devices: tuple[str, ...], args) -> list[dict]:
@@ -151,12 +150,12 @@ def one_net(net: str, devices: tuple[str, ...], args) -> list[dict]:
     keep_s = float(simulate(keep, keep_all_schedule(keep)).time_s)  # a plain step, predicted
     cands = candidates(inst)
     log.info("%s: %d candidates in %.0f s", net, len(cands), time.perf_counter() - t0)
-    ratios = measure(cap, inst, cands, args.rounds)
+    ratios, measured_peaks = measure(cap, inst, cands, args.rounds)
     one = ratios.get("one device")
     rows = []
     for label, sched in cands:
         sim = simulate(inst, sched, check_budget=False)
-        peaks = measured_peaks(cap, inst, sched)
+        peaks = measured_peaks[label]
         mine = ratios[label]
         row = {
             "net": net,
