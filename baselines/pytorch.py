@@ -405,7 +405,7 @@ def _run_policy(
             res.pytorch.untranslated = str(exc)
             log.info("%s: %s is not translated into a schedule of ours: %s", name, what, exc)
         else:
-            res.pytorch.sim = simulate(inst, sched)
+            res.pytorch.sim, res.pytorch.schedule = simulate(inst, sched), sched
             start.restore()  # PyTorch's timed steps drew numbers: ours start where they did
             with start:
                 res.pytorch.ours = execute(captured, inst, sched, n_steps, warmup)

@@ -26,6 +26,10 @@ from xengine.execute.executor import reference_step
 from xengine.graph.nets import GPTConfig, GPTDecoder
 from xengine.problem import Instance
 from xengine.profile.workspace import capture_net
+from xengine.refine import solve_in_context
+from xengine.result import row_of
+from xengine.simulate import simulate
+from xengine.strategies.registry import SolveSettings
 
 MIB = 2**20
 
@@ -396,3 +400,26 @@ def test_a_node_on_both_sides_of_the_selective_policy_is_not_translated():
         sac_kept_nodes(nodes, blocks, 1)
     kept = sac_kept_nodes(nodes, blocks, 6)  # qkv, two products, proj, fc, proj: the last
     assert [cap.ops[v].module_path for v in kept] == [f"blocks.{i}.mlp.proj" for i in range(4)]
+
+
+def test_a_translated_policy_is_predicted_on_the_costs_of_its_own_steps():
+    """torch_checkpoint's level as a schedule of ours is timed once in its own steps, as
+    every schedule that fits is, and replayed on those costs: the row's prediction is that
+    schedule's measured sum, not keep-everything's profile (here every node costs 0 s, so the
+    profile predicts 0). Nothing is solved again: one round, stable."""
+    cap = decoder()
+    levels = checkpoint_levels(cap)
+    budget = measured_peak_bytes(cap, "cpu", levels[len(levels) // 2][1])
+    inst = _inst(cap, budget)
+    torch.manual_seed(0)
+    settings = SolveSettings(n_steps=1, warmup=1)
+    res, here, rounds = solve_in_context(
+        "torch_checkpoint", inst, settings, cap, rounds=2, repeats=2, warmup=1, min_s=0.0
+    )
+    run = res.pytorch
+    assert res.fits and run.level > 0 and run.schedule is not None, res.message
+    assert rounds is not None and (rounds.rounds, rounds.stable) == (1, True)
+    assert rounds.profile_time_s == 0.0 and run.sim.time_s > 0
+    assert run.sim.time_s == pytest.approx(rounds.context_step_s, rel=1e-9)
+    assert simulate(here, run.schedule).time_s == run.sim.time_s
+    assert row_of("torch_checkpoint", res).predicted_time_s == run.sim.time_s

@@ -39,9 +39,10 @@ class PolicyRun:
     frontier); ``execution``: the chosen level's timed step (an
     :class:`~xengine.execute.executor.ExecutionResult`), None when no level fits; ``sim``:
     where the policy translates into a schedule of ours (``torch_checkpoint``,
-    ``torch_sac``), the simulator's replay of the chosen level, the row's prediction, and
-    ``ours`` that schedule executed by our executor in the same run; ``untranslated``: why
-    the chosen level does not translate (``baselines.translate.Untranslatable``)."""
+    ``torch_sac``), the simulator's replay of the chosen level (``schedule``), the row's
+    prediction (on the costs of its own steps after :mod:`xengine.refine`), and ``ours``
+    that schedule executed by our executor in the same run; ``untranslated``: why the
+    chosen level does not translate (``baselines.translate.Untranslatable``)."""
 
     policy: str
     level: int = -1
@@ -50,6 +51,7 @@ class PolicyRun:
     compile_time_s: float | None = None  # compiled policies: the chosen level's first step
     grad_check: GradCheck | None = None  # compiled policies check their own gradients
     sim: Simulation | None = None  # the chosen level as a schedule of ours, replayed
+    schedule: Schedule | None = None  # that schedule (timed in its own context by xengine.refine)
     ours: Any = None  # that schedule run by our executor (an ExecutionResult), beside PyTorch's
     untranslated: str | None = None  # why the chosen level has no schedule of ours
 
