@@ -276,6 +276,31 @@ def _own_check(
     return GradCheck(run, plain, "per tensor, dropout off (compiled code draws its own numbers)")
 
 
+def _run_translated(
+    res: StrategyResult,
+    captured: CapturedModel,
+    inst: Instance,
+    translate: Callable[[int], Schedule],
+    start: TorchState,
+    plain: PlainStep,
+    n_steps: int,
+    warmup: int,
+) -> None:
+    """The chosen level as a schedule of ours (``translate``): simulated, and run by our
+    executor beside the same plain step; or why it has no translation."""
+    what = res.pytorch.policy
+    try:
+        sched = translate(res.pytorch.level)
+    except Untranslatable as exc:
+        res.pytorch.untranslated = str(exc)
+        log.info("%s: %s is not translated into a schedule of ours: %s", res.strategy, what, exc)
+        return
+    res.pytorch.sim, res.pytorch.schedule = simulate(inst, sched), sched
+    start.restore()  # PyTorch's timed steps drew numbers: ours start where they did
+    with start:
+        res.pytorch.ours = execute(captured, inst, sched, n_steps, warmup, beside=plain)
+
+
 # ------------------------------------------------------------------------------ measuring
 _MEASURED: dict[tuple, tuple[int, float]] = {}
 """(strategy, net, input, device, level) -> (peak bytes, first step s), for the compiled
@@ -393,22 +418,16 @@ def _run_policy(
         return res
     what, rewrite = levels[chosen]
     start.restore()
-    ex = reference_step(captured, n_steps, warmup, device=device, rewrite=rewrite)
-    _check_budget(ex, device, budget)
-    res.status = "feasible"
-    res.pytorch = PolicyRun(what, chosen, tried, ex)
-    res.message = what
-    if translate is not None:
-        try:
-            sched = translate(chosen)
-        except Untranslatable as exc:
-            res.pytorch.untranslated = str(exc)
-            log.info("%s: %s is not translated into a schedule of ours: %s", name, what, exc)
-        else:
-            res.pytorch.sim, res.pytorch.schedule = simulate(inst, sched), sched
-            start.restore()  # PyTorch's timed steps drew numbers: ours start where they did
-            with start:
-                res.pytorch.ours = execute(captured, inst, sched, n_steps, warmup)
+    # every timed step follows a plain one, as the pipeline times our schedules (its table's
+    # "meas / plain"); PlainStep restores the start state before each of its steps
+    with PlainStep(captured, device) as plain:
+        ex = reference_step(captured, n_steps, warmup, device=device, rewrite=rewrite, beside=plain)
+        _check_budget(ex, device, budget)
+        res.status = "feasible"
+        res.pytorch = PolicyRun(what, chosen, tried, ex)
+        res.message = what
+        if translate is not None:
+            _run_translated(res, captured, inst, translate, start, plain, n_steps, warmup)
     if compiles:
         res.pytorch.compile_time_s = first_s[chosen]
         key = (*net_key, what)

@@ -369,3 +369,57 @@ def test_a_plain_step_as_written_has_the_in_place_flags_that_capture_switched_of
         assert torch.equal(written.loss, plain.loss)
         for n, p in written.module.named_parameters():
             assert torch.equal(p.grad, grads[n]), n
+
+
+def test_each_timed_step_follows_a_plain_step():
+    """``beside``: a plain step before every step, warm-up included (the pair protocol of
+    xengine.profile.paired: a step's time depends on the one before it), and only the timed
+    pairs kept; without it, no plain step at all."""
+    from xengine.execute.executor import _timed_steps
+
+    calls = []
+
+    class Plain:
+        def step(self):
+            calls.append("plain")
+            return 2.0 + len(calls), -1
+
+    def step():
+        calls.append("mine")
+        return 3.0 + len(calls), {"cpu": len(calls)}
+
+    times, plain_s, others = _timed_steps(step, 2, 1, Plain())
+    assert calls == ["plain", "mine"] * 3
+    assert times == [7.0, 9.0] and plain_s == [5.0, 7.0] and others == [{"cpu": 4}, {"cpu": 6}]
+    calls.clear()
+    assert _timed_steps(step, 2, 1, None)[1] == [] and calls == ["mine"] * 3
+
+
+def test_a_schedule_timed_beside_a_plain_step_keeps_its_answer():
+    """The plain steps between the schedule's steps (tiny has dropout and batch norm) leave the
+    schedule's loss, gradients and buffers those of one plain step, and its time in plain
+    steps is the median of the pairs' ratios."""
+    cap = tiny()
+    inst = single(cap)
+    sched = checkpoint_schedule(inst, keep={0, 3, 6})
+    start = buffers(cap)
+    try:
+        torch.manual_seed(0)
+        ref = reference_step(cap, n_steps=1, warmup=0, measure_memory=False)
+        after_ref = buffers(cap)
+        set_buffers(cap, start)
+        torch.manual_seed(0)
+        with PlainStep(cap) as plain:
+            ex = execute(cap, inst, sched, n_steps=3, warmup=1, measure_memory=False, beside=plain)
+        after = buffers(cap)
+    finally:
+        set_buffers(cap, start)
+    assert len(ex.plain_beside_s) == len(ex.step_times_s) == 3
+    ratios = sorted(t / p for t, p in zip(ex.step_times_s, ex.plain_beside_s, strict=True))
+    assert ex.over_plain == ratios[1]
+    assert ex.loss == pytest.approx(ref.loss, rel=1e-6)
+    for name, g in ref.param_grads.items():
+        torch.testing.assert_close(ex.param_grads[name], g, rtol=1e-6, atol=1e-7, msg=name)
+    for name, b in after_ref.items():
+        torch.testing.assert_close(after[name], b, rtol=1e-6, atol=1e-7, msg=name)
+    assert execute(cap, inst, sched, n_steps=1, warmup=0, measure_memory=False).over_plain is None

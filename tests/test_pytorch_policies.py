@@ -423,3 +423,6 @@ def test_a_translated_policy_is_predicted_on_the_costs_of_its_own_steps():
     assert run.sim.time_s == pytest.approx(rounds.context_step_s, rel=1e-9)
     assert simulate(here, run.schedule).time_s == run.sim.time_s
     assert row_of("torch_checkpoint", res).predicted_time_s == run.sim.time_s
+    # PyTorch's steps and our executor's each followed a plain step (the table's meas / plain)
+    assert len(run.execution.plain_beside_s) == len(run.execution.step_times_s) == 1
+    assert run.execution.over_plain > 0 and run.ours.over_plain > 0

@@ -89,3 +89,26 @@ def test_the_compile_column_shows_only_where_a_row_compiled():
     lines = format_table([plain, compiled]).splitlines()
     assert "compile s" in lines[0]
     assert lines[3].split()[-3] == "12.3" and lines[2].split()[-3] == "-"
+
+
+def test_every_executed_row_is_timed_beside_a_plain_step(tmp_path):
+    """Each executed schedule's steps follow plain steps: its row has its time in plain steps
+    (the table's ``meas / plain``, the CSV's and MLflow's ``measured_over_plain``), which the
+    machine's drift between rows does not move; the plain row itself has none."""
+    import statistics
+
+    cfg = dataclasses.replace(_cfg(tmp_path), n_steps=3, warmup=1)
+    rec = Recorder()
+    rows = run_pipeline(cfg, rec, prepare(cfg))
+    ref, row = rows[0], {r.label: r for r in rows}["checkpoint_all"]
+    assert ref.status == "reference" and ref.measured_over_plain is None
+    ex = row.execution
+    assert len(ex.plain_beside_s) == len(ex.step_times_s) == 3 and row.grads_match is True
+    pairs = zip(ex.step_times_s, ex.plain_beside_s, strict=True)
+    assert row.measured_over_plain == statistics.median(t / p for t, p in pairs)
+    assert rec.metrics_["checkpoint_all/measured_over_plain"] == row.measured_over_plain
+    assert "meas / plain" in format_table(rows).splitlines()[0]
+    line = next(x for x in format_table(rows).splitlines() if x.startswith("checkpoint_all"))
+    assert f" {row.measured_over_plain:.3f} " in line
+    assert "measured_over_plain" in table_csv(rows).splitlines()[0]
+    assert "meas / plain" not in format_table([ref]).splitlines()[0]

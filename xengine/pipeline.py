@@ -24,7 +24,13 @@ from typing import Any
 import numpy as np
 
 from xengine.config import RunConfig
-from xengine.execute.grads import check_grads, grads_match, grads_max_rel_diff, reference_devices
+from xengine.execute.grads import (
+    check_grads,
+    grads_match,
+    grads_max_rel_diff,
+    reference_devices,
+    reference_of,
+)
 from xengine.prepare import Prepared, measure_profile, prepare
 from xengine.problem import Instance
 from xengine.progress import StatusLine
@@ -83,21 +89,26 @@ def run_pipeline(
 
     started = partial(_warm_start_said, tracker=tracker)
     jobs = solve_jobs(inst, cfg.run_strategies, cfg.settings, solve, started, itemgetter(0))
-    for job, (res, costed, rounds) in jobs:
-        row = row_of(job.label, res)
-        row.alone = job.alone
-        if rounds is not None:
-            row.profile_time_s = rounds.profile_time_s
-            row.context_rounds, row.context_stable = rounds.rounds, rounds.stable
-            row.context_plain_time_s = rounds.context_plain_step_s
-            row.context_cost_s = {
-                d: {v.name: v.cost_s[d] for v in costed.graph.nodes} for d in costed.devices
-            }
-        if cfg.executes and prep.captured is not None:
-            _execute_into(row, res, costed, cfg, prep, references, executed)
-        rows.append(row)
-        record_row(tracker, row)
-        record_figures(tracker, row, job.inst)
+    plains = _plain_steps(cfg, prep)
+    try:
+        for job, (res, costed, rounds) in jobs:
+            row = row_of(job.label, res)
+            row.alone = job.alone
+            if rounds is not None:
+                row.profile_time_s = rounds.profile_time_s
+                row.context_rounds, row.context_stable = rounds.rounds, rounds.stable
+                row.context_plain_time_s = rounds.context_plain_step_s
+                row.context_cost_s = {
+                    d: {v.name: v.cost_s[d] for v in costed.graph.nodes} for d in costed.devices
+                }
+            if plains:
+                _execute_into(row, res, costed, cfg, prep, references, executed, plains)
+            rows.append(row)
+            record_row(tracker, row)
+            record_figures(tracker, row, job.inst)
+    finally:
+        for plain in plains.values():
+            plain.close()
     if len(cfg.devices) > 1:
         record_summary(tracker, summarize(rows))
     return rows
@@ -190,8 +201,22 @@ def _reference(cfg: RunConfig, prep: Prepared, device: str) -> RunRow:
     return row
 
 
+def _plain_steps(cfg: RunConfig, prep: Prepared) -> dict[str, Any]:
+    """Reference device -> a plain PyTorch step timed before every step of each schedule
+    executed on that kind of device (the executor's ``beside``), so that each row also has
+    its time in plain steps, which the machine's drift between rows does not move; empty when
+    nothing is executed."""
+    if not cfg.executes or prep.captured is None:
+        return {}
+    from xengine.execute.executor import PlainStep
+
+    prep.start_state.restore()
+    return {d: PlainStep(prep.captured, d) for d in reference_devices(cfg.devices)}
+
+
 def _fill_measurement(row: RunRow, ex: Any) -> None:
     row.measured_time_s = float(ex.step_time_s)
+    row.measured_over_plain = ex.over_plain
     row.measured_peak_bytes = tuple(int(ex.peak_bytes.get(d, 0)) for d in row.devices)
     fixed = ex.fixed_bytes
     row.fixed_bytes = int(sum(fixed.values()) if isinstance(fixed, Mapping) else fixed)
@@ -205,6 +230,7 @@ def _execute_into(
     prep: Prepared,
     references: Mapping[str, Any],
     executed: dict[str, tuple[str, Any]] | None = None,
+    plains: Mapping[str, Any] | None = None,
 ) -> None:
     """Run ``res``'s schedule for real when it has one that fits, and compare with PyTorch.
 
@@ -217,7 +243,7 @@ def _execute_into(
             return
         ex = res.pytorch.execution
     else:
-        ex = _execution_of(row, res, inst, cfg, prep, executed)
+        ex = _execution_of(row, res, inst, cfg, prep, executed, plains)
         if ex is None:
             return
     row.execution = ex
@@ -294,6 +320,7 @@ def _execution_of(
     cfg: RunConfig,
     prep: Prepared,
     executed: dict[str, tuple[str, Any]] | None,
+    plains: Mapping[str, Any] | None = None,
 ) -> Any:
     """The execution of ``res``'s schedule: run now, or the one of the same schedule earlier
     in this run; None when there is none (no schedule, over budget, or it failed: the row's
@@ -317,7 +344,12 @@ def _execution_of(
             prep.start_state.restore()
             with StatusLine(f"executing {row.label}", enabled=cfg.progress):
                 ex = execute(
-                    prep.captured, inst, res.schedule, n_steps=cfg.n_steps, warmup=cfg.warmup
+                    prep.captured,
+                    inst,
+                    res.schedule,
+                    n_steps=cfg.n_steps,
+                    warmup=cfg.warmup,
+                    beside=_beside(plains, row.devices[0]),
                 )
         except Exception as exc:
             log.warning("%s: execution failed: %s: %s", row.label, type(exc).__name__, exc)
@@ -327,6 +359,15 @@ def _execution_of(
         if executed is not None:
             executed[key] = (row.label, ex)
     return ex
+
+
+def _beside(plains: Mapping[str, Any] | None, device: str) -> Any:
+    """The plain step a row on ``device`` is timed beside: that of the table's plain row it
+    is compared with (the same kind of device), or None."""
+    if not plains:
+        return None
+    ref = reference_of(device, plains)
+    return None if ref is None else plains[ref]
 
 
 def _schedule_key(sched: Schedule, inst: Instance) -> str:

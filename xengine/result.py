@@ -242,6 +242,8 @@ class RunRow:
     # device -> node -> seconds: the costs the prediction used where they are not graph.json's
     context_cost_s: dict[str, dict[str, float]] | None = field(default=None, repr=False)
     measured_time_s: float | None = None
+    # median of each measured step over the plain step timed just before it (None: not paired)
+    measured_over_plain: float | None = None
     measured_peak_bytes: tuple[int, ...] | None = None
     fixed_bytes: int | None = None
     solve_time_s: float | None = None
@@ -269,6 +271,7 @@ class RunRow:
             "context_stable": None if self.context_stable is None else float(self.context_stable),
             "context_plain_time_ms": _ms(self.context_plain_time_s),
             "measured_time_ms": _ms(self.measured_time_s),
+            "measured_over_plain": self.measured_over_plain,
             "predicted_peak_mib": _mib_max(self.predicted_peak_bytes),
             "measured_peak_mib": _mib_max(self.measured_peak_bytes),
             "budget_mib": _mib_max(self.budget_bytes),

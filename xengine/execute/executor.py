@@ -72,6 +72,7 @@ from xengine.graph.capture import (
 )
 from xengine.graph.types import CopyModel
 from xengine.problem import Instance
+from xengine.profile import paired
 from xengine.schedule import Schedule
 from xengine.simulate import Op, simulate
 from xengine.torch_state import TorchState, rng_state, set_rng_state
@@ -1121,10 +1122,21 @@ class ExecutionResult:
     memory_source: str = ""
     n_computes: int = 0
     n_copies: int = 0
+    # the plain steps timed just before each timed step (``beside``); empty when none was
+    plain_beside_s: list[float] = field(default_factory=list)
 
     @property
     def within_budget(self) -> bool:
         return not self.violations
+
+    @property
+    def over_plain(self) -> float | None:
+        """The median of each step's time over the plain step's just before it: the step's
+        cost in plain steps, which the machine's drift between rows does not move; None when no
+        plain step was timed beside it."""
+        if not self.plain_beside_s:
+            return None
+        return float(statistics.median(paired.ratios(self.step_times_s, self.plain_beside_s)))
 
 
 # ---------------------------------------------------------------------- validation
@@ -1536,6 +1548,7 @@ def execute(
     tolerance_fraction: float = TOLERANCE_FRACTION,
     tolerance_min_bytes: int = TOLERANCE_MIN_BYTES,
     fuse: bool = True,
+    beside: PlainStep | None = None,
 ) -> ExecutionResult:
     """Run ``sched`` for one training step (for a graph captured with ``mode="infer"``: one
     forward pass, whose loss is reported but not differentiated), ``warmup + n_steps`` times
@@ -1544,24 +1557,21 @@ def execute(
     The schedule is compiled once (:class:`CompiledSchedule`). Every step starts from the same
     state, so the module's state afterwards is the state after one step, and the loss and
     gradients reported are those of one step. ``fuse=False`` runs every backward node as its
-    own autograd call (the interpreted executor, for comparison). Raises ``ValueError`` for a
-    schedule of another graph or device mix (and ``ScheduleError``, a ``ValueError``, for an
-    invalid one).
+    own autograd call (the interpreted executor, for comparison). ``beside``: a plain step run
+    before every step (:func:`_timed_steps`), so the result also has the schedule's time in
+    plain steps (:attr:`ExecutionResult.over_plain`). Raises ``ValueError`` for a schedule of
+    another graph or device mix (and ``ScheduleError``, a ``ValueError``, for an invalid one).
     """
     if n_steps < 1 or warmup < 0:
         raise ValueError("n_steps must be >= 1 and warmup >= 0")
     exe = CompiledSchedule(captured, inst, sched, fuse=fuse)
     rt, sim, devices = exe.rt, exe.sim, exe.devices
-    times: list[float] = []
     cuda_peak = dict.fromkeys(exe.cuda_devices, 0)
     with exe:
-        for k in range(warmup + n_steps):
-            progress.report(step=(k + 1, warmup + n_steps))
-            dt, peaks = exe.step()
-            if k >= warmup:
-                times.append(dt)
-                for d, p in peaks.items():
-                    cuda_peak[d] = max(cuda_peak[d], p)
+        times, plain_s, step_peaks = _timed_steps(exe.step, n_steps, warmup, beside)
+        for peaks in step_peaks:
+            for d, p in peaks.items():
+                cuda_peak[d] = max(cuda_peak[d], p)
         cpu_peak: dict[str, int] = {}
         memory_source = "cuda caching allocator statistics" if exe.cuda_devices else ""
         if exe.cpu_devices and measure_memory:
@@ -1621,7 +1631,33 @@ def execute(
         memory_source=memory_source,
         n_computes=sim.n_computes,
         n_copies=sim.n_copies,
+        plain_beside_s=plain_s,
     )
+
+
+def _timed_steps(
+    step: Callable[[], tuple[float, Any]], n_steps: int, warmup: int, beside: PlainStep | None
+) -> tuple[list[float], list[float], list[Any]]:
+    """``warmup`` then ``n_steps`` timed calls of ``step`` (seconds, and what else it returns):
+    the timed seconds, the seconds of the plain steps beside them, and the other returns.
+
+    With ``beside``, each call follows one plain step, as :func:`xengine.profile.paired.pairs`
+    takes its pairs: this VM's speed drifts by 10-35 % within minutes, so a time in
+    milliseconds measured minutes after the plain row's is not the overhead a user pays; the
+    ratio to the plain step just before it is (:attr:`ExecutionResult.over_plain`)."""
+    times: list[float] = []
+    plain_s: list[float] = []
+    others: list[Any] = []
+    for k in range(warmup + n_steps):
+        progress.report(step=(k + 1, warmup + n_steps))
+        before_s = beside.step()[0] if beside is not None else None
+        dt, other = step()
+        if k >= warmup:
+            times.append(dt)
+            others.append(other)
+            if before_s is not None:
+                plain_s.append(before_s)
+    return times, plain_s, others
 
 
 def _costed(inst: Instance) -> tuple[Instance, bool]:
@@ -1795,22 +1831,18 @@ def reference_step(
     device: str = "cpu",
     measure_memory: bool = True,
     rewrite: Callable[[nn.Module], None] | None = None,
+    beside: PlainStep | None = None,
 ) -> ExecutionResult:
     """A plain PyTorch step (:class:`PlainStep`), timed and measured the same way as
     :func:`execute`, from the same starting state each step; with ``rewrite``, the step of a
-    module that PyTorch's own checkpointing changed (``baselines.pytorch``)."""
+    module that PyTorch's own checkpointing changed (``baselines.pytorch``), and with
+    ``beside`` an unchanged plain step before each of its steps (:func:`_timed_steps`)."""
     plain = PlainStep(captured, device, rewrite=rewrite)
-    times, peak_cuda = [], 0
     source = "cuda caching allocator statistics"
     with plain:
-        for k in range(warmup + n_steps):
-            progress.report(step=(k + 1, warmup + n_steps))
-            dt, peak = plain.step()
-            if k >= warmup:
-                times.append(dt)
-                peak_cuda = max(peak_cuda, peak)
+        times, plain_s, step_peaks = _timed_steps(plain.step, n_steps, warmup, beside)
         if plain.spec.is_cuda:
-            peak = peak_cuda
+            peak = max([0, *step_peaks])
         elif measure_memory:
             peak, source = plain.cpu_peak()
         else:
@@ -1838,4 +1870,5 @@ def reference_step(
         fixed_bytes={device: int(fixed)},
         budget_tolerance_bytes=0,
         memory_source=source,
+        plain_beside_s=plain_s,
     )

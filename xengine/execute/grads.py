@@ -4,7 +4,7 @@ with a plain step on the same kind of device (docs/design.md section 8).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 
@@ -22,6 +22,13 @@ def reference_devices(devices: tuple[str, ...]) -> list[str]:
         if all(_torch_device(d) != _torch_device(r) for r in out):
             out.append(d)
     return out
+
+
+def reference_of(device: str, references: Iterable[str]) -> str | None:
+    """The reference device (:func:`reference_devices`) whose plain step a row on ``device``
+    is compared with: the first of the same kind; None if there is none."""
+    kind = _torch_device(device)
+    return next((r for r in references if _torch_device(r) == kind), None)
 
 
 def check_grads(
