@@ -4,6 +4,7 @@ every row, with a plain step's loss and gradients."""
 from __future__ import annotations
 
 import functools
+import re
 import shutil
 
 import pytest
@@ -186,6 +187,11 @@ def test_the_table_shows_pytorch_policies_beside_our_schedules(tmp_path):
     for name in ("torch_checkpoint", "torch_sac"):
         assert rows[name][1] == "feasible" and rows[name][-1] == "yes", proc.stdout
     assert "  torch_checkpoint: checkpoint " in proc.stdout
+    # each measured step after a plain one: PyTorch's rows, and our executor's run of its plan
+    assert any(x.startswith("strategy") and "meas / plain" in x for x in proc.stdout.splitlines())
+    assert re.search(
+        r"our executor on the same checkpoints: [\d.]+ ms \([\d.]+ plain steps\)", proc.stdout
+    )
     proc = run_cli(tmp_path, *common, "mem=75%")  # below every level of selective checkpointing
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "torch_sac: no level fits the budget" in proc.stdout

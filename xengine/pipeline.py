@@ -282,13 +282,15 @@ def _ours_beside(
         return []
     device = row.devices[0]
     row.ours_time_s, row.ours_peak_bytes = float(ours.step_time_s), int(ours.peak_bytes[device])
+    row.ours_over_plain = ours.over_plain
+    beside = "" if ours.over_plain is None else f" ({ours.over_plain:.3f} plain steps)"
     row.note = "; ".join(
         filter(
             None,
             (
                 row.note,
-                f"our executor on the same checkpoints: {ours.step_time_s * 1e3:.2f} ms, "
-                f"peak {format_bytes(row.ours_peak_bytes)}",
+                f"our executor on the same checkpoints: {ours.step_time_s * 1e3:.2f} ms"
+                f"{beside}, peak {format_bytes(row.ours_peak_bytes)}",
             ),
         )
     )

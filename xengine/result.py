@@ -251,6 +251,7 @@ class RunRow:
     compile_time_s: float | None = None  # a compiled policy's first step (torch.compile)
     # a policy translated into a schedule of ours, run by our executor (PolicyRun.ours)
     ours_time_s: float | None = None
+    ours_over_plain: float | None = None
     ours_peak_bytes: int | None = None
     gap: float | None = None
     n_recomputes: int | None = None
@@ -280,6 +281,7 @@ class RunRow:
             "build_time_s": self.build_time_s,
             "compile_time_s": self.compile_time_s,
             "ours_measured_time_ms": _ms(self.ours_time_s),
+            "ours_measured_over_plain": self.ours_over_plain,
             "ours_measured_peak_mib": None
             if self.ours_peak_bytes is None
             else self.ours_peak_bytes / MIB,
