@@ -419,8 +419,8 @@ def _run_policy(
     what, rewrite = levels[chosen]
     start.restore()
     # every timed step follows a plain one, as the pipeline times our schedules (its table's
-    # "meas / plain"); PlainStep restores the start state before each of its steps
-    with PlainStep(captured, device) as plain:
+    # "meas / plain"); each step starts from the start state, which the module is left in
+    with start, PlainStep(captured, device) as plain:
         ex = reference_step(captured, n_steps, warmup, device=device, rewrite=rewrite, beside=plain)
         _check_budget(ex, device, budget)
         res.status = "feasible"

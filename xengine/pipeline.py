@@ -101,7 +101,7 @@ def run_pipeline(
                 row.context_cost_s = {
                     d: {v.name: v.cost_s[d] for v in costed.graph.nodes} for d in costed.devices
                 }
-            if plains:
+            if cfg.executes and prep.captured is not None:
                 _execute_into(row, res, costed, cfg, prep, references, executed, plains)
             rows.append(row)
             record_row(tracker, row)
@@ -211,7 +211,19 @@ def _plain_steps(cfg: RunConfig, prep: Prepared) -> dict[str, Any]:
     from xengine.execute.executor import PlainStep
 
     prep.start_state.restore()
-    return {d: PlainStep(prep.captured, d) for d in reference_devices(cfg.devices)}
+    plains = {}
+    for d in reference_devices(cfg.devices):
+        try:  # on a GPU it is a copy of the model, which may not fit beside the run's
+            plains[d] = PlainStep(prep.captured, d)
+        except Exception as exc:
+            log.warning(
+                "no plain step on %s to time the schedules beside (%s: %s): their rows have "
+                "milliseconds only",
+                d,
+                type(exc).__name__,
+                exc,
+            )
+    return plains
 
 
 def _fill_measurement(row: RunRow, ex: Any) -> None:
