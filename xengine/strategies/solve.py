@@ -15,7 +15,7 @@ from xengine.result import RelaxationRun, StrategyResult, check_with_simulator
 from xengine.schedule import Schedule
 from xengine.simulate import ScheduleError, simulate
 from xengine.solvers import QUADRATIC_CAPABLE, SolverOptions, SolverUnavailable, solve
-from xengine.solvers.model import relative_gap
+from xengine.solvers.model import MilpModel, SolveResult, relative_gap
 from xengine.strategies.formulation import Formulation, build, default_free_rows
 from xengine.strategies.model_size import milp_memory_problem
 
@@ -139,23 +139,7 @@ def solve_xengine(
     if placement is not None:
         _restrict(form, placement)
     model, x0 = _model_and_start(form, warm_start if formulation == "exact" else None, relaxed)
-    res = StrategyResult(
-        strategy=strategy,
-        devices=inst.devices,
-        budget_bytes=inst.budget_bytes,
-        status="error",
-        solver=solver,
-        build_time_s=form.build_time_s,
-        n_vars=model.n_vars,
-        n_rows=model.n_rows,
-        n_integer=model.n_integer,
-        nnz=int(model.A.nnz),
-        extra={
-            "mode": formulation,
-            "linearized": bool(linearize and formulation == "paper"),
-            "build_options": build_options,
-        },
-    )
+    res = _unsolved(inst, strategy, solver, form, model, linearize, build_options)
     if refused is not None:
         res.extra["frontier_refused"] = refused
     if form.blocked is not None:
@@ -168,19 +152,65 @@ def solve_xengine(
     if sr.x is None:
         log.info("%s: %s after %.1f s", strategy, sr.status, sr.solve_time_s)
         return res
+    _read_solution(res, sr, form, inst, options, relaxed, placement is None, t0)
+    return res
+
+
+def _unsolved(
+    inst: Instance,
+    strategy: str,
+    solver: str,
+    form: Formulation,
+    model: MilpModel,
+    linearize: bool,
+    build_options: dict,
+) -> StrategyResult:
+    """The result before the solve: the model's size and how it was written, status
+    ``error`` until the solve says otherwise."""
+    return StrategyResult(
+        strategy=strategy,
+        devices=inst.devices,
+        budget_bytes=inst.budget_bytes,
+        status="error",
+        solver=solver,
+        build_time_s=form.build_time_s,
+        n_vars=model.n_vars,
+        n_rows=model.n_rows,
+        n_integer=model.n_integer,
+        nnz=int(model.A.nnz),
+        extra={
+            "mode": form.mode,
+            "linearized": bool(linearize and form.mode == "paper"),
+            "build_options": build_options,
+        },
+    )
+
+
+def _read_solution(
+    res: StrategyResult,
+    sr: SolveResult,
+    form: Formulation,
+    inst: Instance,
+    options: SolverOptions,
+    relaxed: _Relaxed | None,
+    whole_model: bool,
+    t0: float,
+) -> None:
+    """The solver's point onto ``res``: the model's own objective and peak, a placement bound
+    where the solve stopped short of optimal on the whole model (not a placement-restricted
+    one), and the simulator's verdict on the schedule read back."""
     res.objective_s = form.objective_s(sr.x)
     res.model_peak_bytes = form.peak_bytes(sr.x)
-    if placement is None and sr.status == "feasible":
+    if whole_model and sr.status == "feasible":
         _tighten_with_placement_bound(res, inst, options, relaxed)
     check_with_simulator(
         res,
         inst,
         form.schedule_from(sr.x),
         "solver",
-        formulation == "exact",
+        form.mode == "exact",
         time.perf_counter() - t0,
     )
-    return res
 
 
 def _model_and_start(form: Formulation, warm_start: Schedule | None, relaxed: _Relaxed | None):
