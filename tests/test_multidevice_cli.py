@@ -186,6 +186,14 @@ def test_one_plain_reference_step_per_kind_of_device(monkeypatch):
     assert reference_devices(("cpu", "cuda")) == ["cpu", "cuda"]
     assert reference_devices(("cuda", "cpu4", "cpu1", "cuda:0")) == ["cuda", "cpu4"]
     assert reference_devices(("cuda:0", "cuda:1")) == ["cuda:0", "cuda:1"]
+    # a row is timed beside, and compared with, the plain step of its device's kind
+    from xengine.execute.grads import reference_of
+
+    assert reference_of("cpu1", ["cpu2"]) == "cpu2"
+    assert reference_of("cuda", ["cpu", "cuda"]) == "cuda"
+    assert reference_of("cpu4", ["cuda", "cpu4"]) == "cpu4"
+    assert reference_of("cuda:1", ["cuda:0", "cuda:1"]) == "cuda:1"
+    assert reference_of("cuda", ["cpu"]) is None
 
 
 def test_check_grads_picks_the_plain_step_of_each_kind_of_device(monkeypatch):
