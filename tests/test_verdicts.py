@@ -112,3 +112,8 @@ def test_every_executed_row_is_timed_beside_a_plain_step(tmp_path):
     assert f" {row.measured_over_plain:.3f} " in line
     assert "measured_over_plain" in table_csv(rows).splitlines()[0]
     assert "meas / plain" not in format_table([ref]).splitlines()[0]
+    # the prediction in plain steps: over the plain step beside its timing in context
+    assert row.context_plain_time_s > 0
+    assert row.predicted_over_plain == row.predicted_time_s / row.context_plain_time_s
+    assert f" {row.predicted_over_plain:.3f} " in line
+    assert rec.metrics_["checkpoint_all/predicted_over_plain"] == row.predicted_over_plain

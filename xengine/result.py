@@ -263,6 +263,16 @@ class RunRow:
     result: StrategyResult | None = field(default=None, repr=False)
     execution: Any = field(default=None, repr=False)
 
+    @property
+    def predicted_over_plain(self) -> float | None:
+        """The prediction in plain steps: over the plain step timed beside the last timing in
+        context, whose costs the prediction used (:mod:`xengine.refine`); set against
+        ``measured_over_plain``, neither depends on the machine's speed that minute. None
+        without rounds in context."""
+        if self.predicted_time_s is None or not self.context_plain_time_s:
+            return None
+        return self.predicted_time_s / self.context_plain_time_s
+
     def metrics(self) -> dict[str, float]:
         """MLflow metrics under ``<label>/``, units in the names."""
         out: dict[str, float | None] = {
@@ -272,6 +282,7 @@ class RunRow:
             "context_stable": None if self.context_stable is None else float(self.context_stable),
             "context_plain_time_ms": _ms(self.context_plain_time_s),
             "measured_time_ms": _ms(self.measured_time_s),
+            "predicted_over_plain": self.predicted_over_plain,
             "measured_over_plain": self.measured_over_plain,
             "predicted_peak_mib": _mib_max(self.predicted_peak_bytes),
             "measured_peak_mib": _mib_max(self.measured_peak_bytes),

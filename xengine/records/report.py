@@ -46,6 +46,7 @@ COLUMNS: list[tuple[str, Cell]] = [
         "meas time ms",
         lambda r: _num(None if r.measured_time_s is None else r.measured_time_s * 1e3, ".2f"),
     ),
+    ("pred / plain", lambda r: _num(r.predicted_over_plain, ".3f")),
     ("meas / plain", lambda r: _num(r.measured_over_plain, ".3f")),
     ("pred peak MiB", lambda r: _per_device(r.predicted_peak_bytes, MIB, ".2f")),
     ("meas peak MiB", lambda r: _per_device(r.measured_peak_bytes, MIB, ".2f")),
@@ -57,10 +58,10 @@ COLUMNS: list[tuple[str, Cell]] = [
 ]
 """(header, cell) for the printed table."""
 
-SHOWN_WHEN_USED = frozenset({"compile s", "meas / plain"})
-"""Columns only some rows fill (PyTorch's compiled policies; executed schedules, timed beside a
-plain step): left out of a table in which no row has a value, so that a run has no column of
-dashes (the default run has no compiled policy, a solve-only run executes nothing)."""
+SHOWN_WHEN_USED = frozenset({"compile s", "pred / plain", "meas / plain"})
+"""Columns only some rows fill (PyTorch's compiled policies; rows timed in context, or executed
+beside a plain step): left out of a table in which no row has a value, so that a run has no
+column of dashes (the default run has no compiled policy, a solve-only run times nothing)."""
 
 CSV_FIELDS: list[tuple[str, Callable[[RunRow], object]]] = [
     ("strategy", lambda r: r.label),
@@ -71,6 +72,7 @@ CSV_FIELDS: list[tuple[str, Callable[[RunRow], object]]] = [
         lambda r: None if r.predicted_time_s is None else r.predicted_time_s * 1e3,
     ),
     ("measured_time_ms", lambda r: None if r.measured_time_s is None else r.measured_time_s * 1e3),
+    ("predicted_over_plain", lambda r: r.predicted_over_plain),
     ("measured_over_plain", lambda r: r.measured_over_plain),
     ("predicted_peak_mib", lambda r: _per_device(r.predicted_peak_bytes, MIB, ".6f")),
     ("measured_peak_mib", lambda r: _per_device(r.measured_peak_bytes, MIB, ".6f")),
