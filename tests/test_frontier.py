@@ -1,5 +1,6 @@
 """The frontier relaxation (xengine/strategies/frontier.py): every schedule is a point of it at its
-own time, so its optimum bounds Checkmate's; and solve_checkmate's use of it."""
+own time, so its optimum bounds Checkmate's; and solve_checkmate's use of it (with the stage-cut
+bound off)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,14 @@ from xengine.strategies.frontier import FrontierResult, build_frontier, solve_fr
 
 DEV = "cpu"
 OPTS = SolverOptions(time_limit_s=60, rel_gap=1e-9)
+
+
+@pytest.fixture(autouse=True)
+def _no_stage_cut(monkeypatch):
+    """The stage-cut bound, which runs before the relaxation and can settle an instance alone,
+    is off here so that each test sees the relaxation's path (tests/test_stage_cut.py has
+    the two together)."""
+    monkeypatch.setattr(cm, "stage_cut_bound", lambda *args, **kwargs: None)
 
 
 def _graphs():

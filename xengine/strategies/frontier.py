@@ -87,11 +87,19 @@ class FrontierModel:
         return np.where(H >= 0, x[np.maximum(H, 0)] > 0.5, False)
 
 
-def build_frontier(inst: Instance) -> FrontierModel:
-    """The model above for a one-device instance (Checkmate's stages: ``T = n``)."""
-    if inst.n_devices != 1:
-        raise ValueError("the frontier relaxation takes one device")
-    g = inst.graph
+@dataclass(frozen=True)
+class Tensors:
+    """What the relaxations keep track of: every node's value (index = node), then the
+    autograd state of every forward op that has one."""
+
+    prod: np.ndarray  # (n_tensors,) the node that makes each tensor
+    nbytes: np.ndarray  # (n_tensors,) its size
+    reads: list[list[int]]  # per node, the tensors it reads (values, then its state)
+    made: list[list[int]]  # per node, the tensors it makes (its value, then its state)
+
+
+def tensors_of(g) -> Tensors:
+    """The tensors of graph ``g`` (:class:`Tensors`)."""
     n = g.size
     state_of = np.flatnonzero(g.state_reader >= 0)
     prod = np.concatenate([np.arange(n), state_of]).astype(np.int64)
@@ -101,6 +109,36 @@ def build_frontier(inst: Instance) -> FrontierModel:
     for j, v in enumerate(g.state_source.tolist()):
         if v >= 0:
             reads[j].append(slot[v])
+    made = [[t] for t in range(n)]
+    for x in range(n, prod.size):
+        made[int(prod[x])].append(x)
+    return Tensors(prod, nbytes, reads, made)
+
+
+def frontier_footprint_bytes(inst: Instance, ts: Tensors, t: int) -> int:
+    """What the frontier step of stage ``t`` holds whatever is kept: node ``t``'s inputs, its
+    value, its state and its workspace."""
+    reads = list(set(ts.reads[t]))
+    made = ts.made[t]
+    return int(ts.nbytes[reads].sum() + ts.nbytes[made].sum() + inst.workspace_bytes[0][t])
+
+
+def kept_across(xs: np.ndarray, ts: Tensors, t: int) -> np.ndarray:
+    """Of the tensors ``xs``, those whose keeping across the end of stage ``t`` adds to its
+    frontier step's memory: all but the ones node ``t`` reads or makes (already in
+    :func:`frontier_footprint_bytes`)."""
+    fixed = np.array(sorted(set(ts.reads[t]) | set(ts.made[t])), dtype=np.int64)
+    return xs[~np.isin(xs, fixed)]
+
+
+def build_frontier(inst: Instance) -> FrontierModel:
+    """The model above for a one-device instance (Checkmate's stages: ``T = n``)."""
+    if inst.n_devices != 1:
+        raise ValueError("the frontier relaxation takes one device")
+    g = inst.graph
+    n = g.size
+    ts = tensors_of(g)
+    prod, reads = ts.prod, ts.reads
     read_by_someone = np.zeros(prod.size, dtype=bool)
     for r in reads:
         read_by_someone[r] = True
@@ -124,7 +162,7 @@ def build_frontier(inst: Instance) -> FrontierModel:
     _need_rows(b, Hix, Cix, prod, reads)
     _closure_rows(b, Hix, Cix, prod, reads)
     _carry_rows(b, Hix, Cix, prod)
-    _frontier_memory_rows(b, inst, Hix, prod, nbytes, reads)
+    _frontier_memory_rows(b, inst, Hix, ts)
     model = b.build()
     model.offset = float(inst.compute_s[0].sum()) / TIME_UNIT_S  # every node once
     return FrontierModel(inst, model, Hix, Cix, prod)
@@ -179,26 +217,18 @@ def _carry_rows(b: ModelBuilder, Hix, Cix, prod) -> None:
     )
 
 
-def _frontier_memory_rows(b: ModelBuilder, inst: Instance, Hix, prod, nbytes, reads) -> None:
+def _frontier_memory_rows(b: ModelBuilder, inst: Instance, Hix, ts: Tensors) -> None:
     """Memory at each frontier step: what is kept for the next stage and exists already, plus
     the step's inputs, output, state and workspace (docs/design.md section 5's step memory)."""
-    g = inst.graph
-    n = g.size
-    ws = inst.workspace_bytes[0]
+    n = inst.graph.size
     budget = float(inst.budgets[0])
-    made = {t: [t] for t in range(n)}
-    for x in range(n, prod.size):
-        made[int(prod[x])].append(x)
     rows, cols, vals, ub = [], [], [], []
     for t in range(n - 1):
-        fixed = set(reads[t]) | set(made[t])
-        const = int(nbytes[list(set(reads[t]))].sum()) + int(nbytes[made[t]].sum()) + int(ws[t])
-        xs = np.flatnonzero(Hix[t + 1] >= 0)
-        xs = xs[[x not in fixed for x in xs.tolist()]] if xs.size else xs
+        xs = kept_across(np.flatnonzero(Hix[t + 1] >= 0), ts, t)
         rows.append(np.full(xs.size, t))
         cols.append(Hix[t + 1, xs])
-        vals.append(nbytes[xs] / MEM_UNIT_BYTES)
-        ub.append((budget - const) / MEM_UNIT_BYTES)
+        vals.append(ts.nbytes[xs] / MEM_UNIT_BYTES)
+        ub.append((budget - frontier_footprint_bytes(inst, ts, t)) / MEM_UNIT_BYTES)
     b.add_rows(
         "frontier_memory",
         n - 1,

@@ -1,0 +1,158 @@
+"""The stage-cut bound (xengine/strategies/stage_cut.py): every schedule is a point of every
+stage's model, at its own memory and at the cost of what it runs again after the stage, so the
+bound never exceeds Checkmate's optimum; and solve_checkmate's use of it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import baselines.checkmate as cm
+from tests.helpers import random_graph
+from tests.test_frontier import GRAPHS, OPTS, _mid_budgets
+from tests.test_optimal import _simulate, random_schedule
+from xengine.graph.synthetic import chain
+from xengine.problem import Instance
+from xengine.schedule import Schedule
+from xengine.solvers import SolverOptions
+from xengine.strategies.frontier import tensors_of
+from xengine.strategies.stage_cut import build_cut, last_reads, stage_cut_bound
+
+DEV = "a"
+
+
+def _point(cut, sched: Schedule, g, ts, t: int) -> np.ndarray:
+    """The schedule's point of stage t's model: what it keeps across the end of stage t, and
+    which nodes up to t it runs in a later stage."""
+    n = g.size
+    resident = np.concatenate([sched.S[0, t + 1], sched.states_for(g)[0, t + 1][ts.prod[n:]]])
+    x = np.zeros(cut.model.n_vars)
+    mask = cut.k >= 0
+    x[cut.k[mask]] = resident[mask]
+    x[cut.r] = sched.R[0, t + 1 :, : t + 1].any(axis=0)
+    return x
+
+
+def _frontier_step_bytes(sim, t: int) -> int:
+    k = sim.steps.index((t, t))
+    return int(sim.mem_bytes[0, k])
+
+
+def _check_points(g, schedules) -> int:
+    """Every stage's model at a budget equal to the schedule's own memory at that stage's
+    frontier step (so its memory row is tested at its edge): the schedule's point violates
+    no row, and what it costs is what the schedule runs again after the stage."""
+    ts = tensors_of(g)
+    last = last_reads(ts, ts.prod.size)
+    once_s = float(g.cost_array_s(DEV).sum())
+    checked = 0
+    for sched in schedules:
+        sched, sim = _simulate(Instance.single(g, DEV, 10**12), sched)
+        if sim is None:
+            continue
+        for t in range(g.size - 1):
+            inst = Instance.single(g, DEV, _frontier_step_bytes(sim, t))
+            cut = build_cut(inst, ts, t, last)
+            x = _point(cut, sched, g, ts, t)
+            assert cut.model.max_violation(x) <= 1e-9, (t, cut.model.max_violation(x))
+            again = sched.R[0, t + 1 :, : t + 1].any(axis=0)
+            want_ms = 1e3 * float(inst.compute_s[0][: t + 1][again].sum())
+            assert cut.model.objective(x) == pytest.approx(want_ms, rel=1e-12, abs=1e-12)
+            assert once_s + want_ms * 1e-3 <= sim.time_s * (1 + 1e-12)
+        checked += 1
+    return checked
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_every_random_schedule_is_a_point_of_every_stage(seed):
+    # random schedules with recomputations anywhere, states, residency at random
+    g = random_graph(seed, devices=(DEV,), states=True)
+    rng = np.random.default_rng(50 + seed)
+    assert _check_points(g, (random_schedule(g, 1, rng) for _ in range(120))) >= 60
+
+
+def test_a_captured_nets_schedules_are_points_with_the_losss_release():
+    from xengine.profile.workspace import capture_net
+
+    g0 = capture_net("tiny", 2, image_size=32, num_classes=500).graph
+    r = np.random.default_rng(4)
+    g = g0.with_costs({DEV: {v.name: float(r.uniform(0.5, 2.0)) for v in g0.nodes}})
+    assert g.released_logits is not None
+    rng = np.random.default_rng(9)
+    scheds = (random_schedule(g, 1, rng, p_keep=0.6) for _ in range(40))
+    assert _check_points(g, scheds) >= 20
+
+
+@pytest.mark.parametrize("g", GRAPHS, ids=lambda g: g.name)
+def test_the_bound_never_exceeds_the_milp_optimum(g):
+    above_once = 0
+    for b in _mid_budgets(g):
+        inst = Instance.single(g, "cpu", b)
+        milp = cm.solve_checkmate(inst, options=OPTS, frontier=False)
+        assert milp.status == "optimal"
+        cut = stage_cut_bound(inst)
+        assert cut.complete and cut.n_solved == cut.n_binding
+        assert cut.bound_s <= milp.sim.time_s * (1 + 1e-9)
+        above_once += cut.bound_s > float(inst.compute_s.sum()) * (1 + 1e-9)
+    if g.name.startswith("chain"):
+        assert above_once >= 1  # it proves something beyond every op once
+
+
+def test_a_seed_that_meets_the_cut_is_optimal_without_relaxation_or_milp():
+    g = chain(6)
+    inst = Instance.single(g, "cpu", _mid_budgets(g)[2])  # the held seed is optimal there
+    res = cm.solve_checkmate(inst, options=OPTS)
+    alone = cm.solve_checkmate(inst, options=OPTS, frontier=False)
+    assert res.status == "optimal" and res.extra["bound_from"] == cm.STAGE_CUT
+    assert res.frontier is None and "raw_sim" not in res.extra  # neither ran
+    assert "the stage-cut bound" in res.message
+    assert res.sim.time_s == pytest.approx(alone.sim.time_s, rel=1e-9)
+    assert res.best_bound_s == pytest.approx(res.extra["stage_cut"]["bound_s"], rel=1e-12)
+    assert res.best_bound_s > float(inst.compute_s.sum())
+
+
+def _no_relaxation(inst, solver, options, start=None, progress=None):
+    from xengine.strategies.frontier import FrontierResult
+
+    return FrontierResult("no_solution", None, None, None, 0.0, 0.0, 1, 1)
+
+
+def test_the_cut_is_the_bound_reported_where_it_beats_the_others(monkeypatch):
+    # the relaxation proves nothing and the MILP is refused: the seed is the answer, and its
+    # gap is read against the cut's bound, not every op once
+    g = chain(9)
+    found = 0
+    for b in _mid_budgets(g):
+        inst = Instance.single(g, "cpu", b)
+        cut = stage_cut_bound(inst)
+        seed, _ = cm._heuristic_seed(inst)
+        once_s = float(inst.compute_s.sum())
+        if seed is None or not (once_s < cut.bound_s < seed.sim.time_s * (1 - 1e-6)):
+            continue
+        monkeypatch.setattr(cm, "solve_frontier", _no_relaxation)
+        monkeypatch.setattr(cm, "milp_memory_problem", lambda graph: "too large for this test")
+        res = cm.solve_checkmate(inst, options=OPTS)
+        assert res.status == "feasible" and res.extra["bound_from"] == cm.STAGE_CUT
+        assert res.best_bound_s == pytest.approx(cut.bound_s, rel=1e-12)
+        found += 1
+    assert found >= 1
+
+
+def test_the_cut_gets_its_share_of_the_limit(monkeypatch):
+    given: list[float] = []
+
+    def record(inst, options, target_s=None):
+        given.append(options.time_limit_s)
+
+    monkeypatch.setattr(cm, "stage_cut_bound", record)
+    g = chain(9)
+    inst = Instance.single(g, "cpu", _mid_budgets(g)[1])
+    cm.solve_checkmate(inst, options=SolverOptions(time_limit_s=100.0))
+    assert given and given[0] == pytest.approx(100.0 * cm.CUT_SHARE, abs=0.5)
+
+
+def test_no_bound_with_a_negative_cost():
+    g = chain(6)
+    inst = Instance.single(g, "cpu", _mid_budgets(g)[0])
+    inst.compute_s[0][1] = -1.0
+    assert stage_cut_bound(inst) is None
