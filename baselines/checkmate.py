@@ -110,7 +110,7 @@ def solve_checkmate(
     bound_s = None
     too_big = milp_memory_problem(inst.graph)
     if frontier:
-        cut_s = _cut_phase(inst, options, best, extra, t_start)
+        cut_s = _cut_phase(inst, options, best, extra, t_start, progress)
         if best is not None and _meets(best, cut_s, options.rel_gap):
             extra["bound_source"] = STAGE_CUT
             out = _frontier_answer(inst, solver, best, cut_s, options.rel_gap, extra, t_start)
@@ -281,6 +281,7 @@ def _cut_phase(
     seed: StrategyResult | None,
     extra: dict,
     t_start: float,
+    progress: ProgressFn | None = None,
 ) -> float | None:
     """The stage-cut bound (:mod:`xengine.strategies.stage_cut`) in at most :data:`CUT_SHARE`
     of the limit, and no more than is left of it; ``None`` when it has none. It stops early
@@ -290,10 +291,14 @@ def _cut_phase(
         limit = max(min(limit * CUT_SHARE, limit - (time.perf_counter() - t_start)), 1.0)
     seed_s = None if seed is None else seed.sim.time_s
     status.report(phase="stage-cut bound", incumbent_s=seed_s)
+    t0 = time.perf_counter()
     cut = stage_cut_bound(inst, dataclasses.replace(options, time_limit_s=limit), seed_s)
     if cut is None:
         return None
     extra["stage_cut"] = cut.record([v.name for v in inst.graph.nodes])
+    status.report(incumbent_s=seed_s, bound_s=cut.bound_s)
+    if progress is not None:
+        progress(time.perf_counter() - t0, seed_s, cut.bound_s)
     return cut.bound_s
 
 
@@ -323,7 +328,10 @@ def _frontier_phase(
     seed_s = None if seed is None else seed.sim.time_s
 
     def shown(elapsed_s: float, _relaxed: float | None, bound: float | None) -> None:
-        # the relaxation's own incumbents are not schedules: the incumbent shown is the start
+        # the relaxation's own incumbents are not schedules: the incumbent shown is the start;
+        # the bound shown is never below the stage cut's, proven before
+        if cut_s is not None and (bound is None or bound < cut_s):
+            bound = cut_s
         status.report(incumbent_s=seed_s, bound_s=bound)
         if progress is not None:
             progress(elapsed_s, seed_s, bound)
