@@ -156,3 +156,27 @@ def test_no_bound_with_a_negative_cost():
     inst = Instance.single(g, "cpu", _mid_budgets(g)[0])
     inst.compute_s[0][1] = -1.0
     assert stage_cut_bound(inst) is None
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_a_node_run_again_needs_its_inputs(seed):
+    # everything run again after the cut and nothing kept is a point; taking away the
+    # recomputation of one input that no later node reads breaks only the closure row
+    g = random_graph(seed, devices=(DEV,), states=True)
+    ts = tensors_of(g)
+    last = last_reads(ts, ts.prod.size)
+    inst = Instance.single(g, DEV, 10**12)
+    t = g.size // 2  # the loss
+    cut = build_cut(inst, ts, t, last)
+    x = np.zeros(cut.model.n_vars)
+    x[cut.r] = 1.0
+    assert cut.model.max_violation(x) == 0.0
+    checked = 0
+    for i in range(t + 1):
+        for u in ts.reads[i]:
+            if last[u] <= t:  # no node after the cut reads u
+                y = x.copy()
+                y[cut.r[ts.prod[u]]] = 0.0
+                assert cut.model.max_violation(y) == pytest.approx(1.0), (i, u)
+                checked += 1
+    assert checked >= 1
