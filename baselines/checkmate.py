@@ -70,6 +70,7 @@ def solve_checkmate(
     warm_start: bool = True,
     progress: ProgressFn | None = None,
     frontier: bool = True,
+    stage_cut: bool = True,
 ) -> StrategyResult:
     """Solve Checkmate's MILP for a one-device instance.
 
@@ -80,7 +81,10 @@ def solve_checkmate(
     solution is often a schedule that fits. When the best fitting schedule meets that bound, it is
     optimal and the MILP is not needed; otherwise the MILP starts from it, with the bound as a floor
     on its objective, for the rest of the limit (which counts from the start, heuristics included).
-    ``warm_start=False`` gives neither model a start.
+    ``warm_start=False`` gives neither model a start. Before the relaxation, the stage-cut bound
+    (:mod:`xengine.strategies.stage_cut`, at most :data:`CUT_SHARE` of the limit) can prove the
+    start optimal alone (hf_gpt2 at 50 %: within 0.3 % in 5 s, where the relaxation leaves 2 %
+    after 150 s); ``stage_cut=False`` leaves it out, for side-by-side measurements.
 
     The returned schedule is the solver's S with R re-derived by :func:`solve_r_opt` (unused
     residents dropped first); ``extra`` keeps the solver's raw schedule and its simulation
@@ -110,7 +114,7 @@ def solve_checkmate(
     bound_s = None
     too_big = milp_memory_problem(inst.graph)
     if frontier:
-        cut_s = _cut_phase(inst, options, best, extra, t_start, progress)
+        cut_s = _cut_phase(inst, options, best, extra, t_start, progress) if stage_cut else None
         if best is not None and _meets(best, cut_s, options.rel_gap):
             extra["bound_source"] = STAGE_CUT
             out = _frontier_answer(inst, solver, best, cut_s, options.rel_gap, extra, t_start)
