@@ -51,6 +51,7 @@ from xengine.strategies.frontier import (
     TIME_UNIT_S,
     FrontierResult,
     solve_relaxation,
+    tensors_of,
 )
 
 log = logging.getLogger(__name__)
@@ -180,30 +181,13 @@ def _drop_unread(g, sched: Schedule) -> Schedule:
     return Schedule(sched.devices, R, S, A)
 
 
-def _tensors(inst: Instance):
-    """Tensors (values, then the states of forward ops), their makers, sizes, and per node the
-    tensors it reads with whether each read may be served by a copy."""
-    g = inst.graph
-    n = g.size
-    state_of = np.flatnonzero(g.state_reader >= 0)
-    prod = np.concatenate([np.arange(n), state_of]).astype(np.int64)
-    slot = {int(v): n + k for k, v in enumerate(state_of)}
-    nbytes = np.concatenate([g.output_bytes, g.state_bytes[state_of]]).astype(np.int64)
-    reads = [[e.src for e in g.in_edges[i]] for i in range(n)]
-    copyable = [[bool(e.copyable) for e in g.in_edges[i]] for i in range(n)]
-    for j, v in enumerate(g.state_source.tolist()):
-        if v >= 0:
-            reads[j].append(slot[v])
-            copyable[j].append(False)
-    return prod, nbytes, reads, copyable
-
-
 def build_device_frontier(inst: Instance, steps: bool = False) -> DeviceFrontierModel:
     """The model above for an instance of any number of devices (``T = n`` stages); with
     ``steps`` the memory rows hold at every step, not only the frontier's."""
     g = inst.graph
     n, D = g.size, inst.n_devices
-    prod, nbytes, reads, copyable = _tensors(inst)
+    ts = tensors_of(g)
+    prod, nbytes, reads, copyable = ts.prod, ts.nbytes, ts.reads, ts.copyable
     nx = prod.size
     read_by_someone = np.zeros(nx, dtype=bool)
     for r in reads:

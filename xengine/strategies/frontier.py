@@ -96,6 +96,7 @@ class Tensors:
     nbytes: np.ndarray  # (n_tensors,) its size
     reads: list[list[int]]  # per node, the tensors it reads (values, then its state)
     made: list[list[int]]  # per node, the tensors it makes (its value, then its state)
+    copyable: list[list[bool]]  # per node and read: may a copy from another device serve it
 
 
 def tensors_of(g) -> Tensors:
@@ -105,14 +106,16 @@ def tensors_of(g) -> Tensors:
     prod = np.concatenate([np.arange(n), state_of]).astype(np.int64)
     slot = {int(v): n + k for k, v in enumerate(state_of)}
     nbytes = np.concatenate([g.output_bytes, g.state_bytes[state_of]]).astype(np.int64)
-    reads = [list(p) for p in g.predecessors]
+    reads = [[e.src for e in g.in_edges[i]] for i in range(n)]
+    copyable = [[bool(e.copyable) for e in g.in_edges[i]] for i in range(n)]
     for j, v in enumerate(g.state_source.tolist()):
         if v >= 0:
             reads[j].append(slot[v])
+            copyable[j].append(False)  # a state stays on the device that made it
     made = [[t] for t in range(n)]
     for x in range(n, prod.size):
         made[int(prod[x])].append(x)
-    return Tensors(prod, nbytes, reads, made)
+    return Tensors(prod, nbytes, reads, made, copyable)
 
 
 def frontier_footprint_bytes(inst: Instance, ts: Tensors, t: int) -> int:
