@@ -118,12 +118,13 @@ def tensors_of(g) -> Tensors:
     return Tensors(prod, nbytes, reads, made, copyable)
 
 
-def frontier_footprint_bytes(inst: Instance, ts: Tensors, t: int) -> int:
-    """What the frontier step of stage ``t`` holds whatever is kept: node ``t``'s inputs, its
-    value, its state and its workspace."""
+def frontier_footprint_bytes(inst: Instance, ts: Tensors, t: int, device: int = 0) -> int:
+    """What the frontier step of stage ``t`` holds on a device that runs it, whatever is kept:
+    node ``t``'s inputs, its value, its state and its workspace there."""
     reads = list(set(ts.reads[t]))
     made = ts.made[t]
-    return int(ts.nbytes[reads].sum() + ts.nbytes[made].sum() + inst.workspace_bytes[0][t])
+    ws = inst.workspace_bytes[device][t]
+    return int(ts.nbytes[reads].sum() + ts.nbytes[made].sum() + ws)
 
 
 def kept_across(xs: np.ndarray, ts: Tensors, t: int) -> np.ndarray:

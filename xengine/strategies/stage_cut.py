@@ -62,14 +62,15 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class StageCut:
-    """The bound and how it was found. ``bound_s`` is every op once plus the largest proven
-    recomputation time over the stages solved (``stage`` is that stage's node, ``None`` when
-    no stage needed any); ``complete`` says whether every stage where memory binds was solved
-    to optimality within the time given."""
+    """The bound and how it was found. ``bound_s`` is the largest proven optimum over the
+    stages solved (``stage`` is that stage's node; ``None`` when none was above every op once,
+    which is then the bound), ``above_once_s`` what it adds to every op once on its fastest
+    device; ``complete`` says whether every stage where memory binds was solved to optimality
+    within the time given."""
 
     bound_s: float
     stage: int | None
-    recompute_s: float
+    above_once_s: float
     n_binding: int
     n_solved: int
     complete: bool
@@ -80,7 +81,7 @@ class StageCut:
         return {
             "bound_s": self.bound_s,
             "stage": None if self.stage is None else names[self.stage],
-            "recompute_s": self.recompute_s,
+            "above_once_s": self.above_once_s,
             "n_binding_stages": self.n_binding,
             "n_solved": self.n_solved,
             "complete": self.complete,
@@ -91,58 +92,158 @@ class StageCut:
 @dataclass
 class _Cut:
     model: MilpModel
-    k: np.ndarray  # (n_tensors,) variable index of k_x or -1
-    r: np.ndarray  # (t + 1,) variable index of r_i
+    k: np.ndarray  # (D, n_tensors) k[d, x]: x resident on d when stage t + 1 starts, or -1
+    r: np.ndarray  # (D, t + 1) r[d, i]: i runs again on d in a stage after t
+    a: np.ndarray  # (D, t + 1) a[d, i]: i runs on d in a stage up to t
+    x: np.ndarray  # (D, n) x[d, j] for j > t: j runs on d (-1 for j <= t)
+    f: np.ndarray  # (D,) node t runs on d in stage t
+    copies: list  # (y, reader variable, variables that make the input available) per copy
 
 
 def excess_bytes(inst: Instance, ts: Tensors, t: int, last_read: np.ndarray) -> int:
-    """How far keeping every tensor that a later node reads overshoots the budget at stage
-    ``t``'s frontier step (<= 0: the stage forces no recomputation)."""
+    """How far keeping every tensor that a later node reads overshoots the largest budget at
+    stage ``t``'s frontier step (<= 0: on one device the stage forces no recomputation)."""
     needed = np.flatnonzero((ts.prod <= t) & (last_read > t))
     kept = kept_across(needed, ts, t)
-    foot = frontier_footprint_bytes(inst, ts, t)
-    return int(ts.nbytes[kept].sum()) + foot - int(inst.budgets[0])
+    foot = min(frontier_footprint_bytes(inst, ts, t, d) for d in range(inst.n_devices))
+    return int(ts.nbytes[kept].sum()) + foot - int(np.max(inst.budgets))
 
 
 def build_cut(inst: Instance, ts: Tensors, t: int, last_read: np.ndarray) -> _Cut:
-    """The model of the module docstring for stage ``t`` (objective in ms)."""
-    n_x = ts.prod.size
+    """The model of the module docstring for stage ``t`` over the instance's devices
+    (objective in ms, every computation included)."""
+    D, n = inst.n_devices, inst.size
+    C = inst.compute_s / TIME_UNIT_S
+    copy_ms = _cheapest_copy_ms(inst)
     b = ModelBuilder(f"stage-cut-{inst.graph.name}-{t}")
     made_by_t = np.flatnonzero(ts.prod <= t)
-    k = np.full(n_x, -1, dtype=np.int64)
-    k[made_by_t] = b.add_vars(made_by_t.size, 0.0, 1.0, True)
-    r = b.add_vars(t + 1, 0.0, 1.0, True)
-    b.add_objective(r, inst.compute_s[0][: t + 1] / TIME_UNIT_S)
+    k = np.full((D, ts.prod.size), -1, dtype=np.int64)
+    x = np.full((D, n), -1, dtype=np.int64)
+    a = b.add_vars(D * (t + 1), 0.0, 1.0, True).reshape(D, t + 1)
+    r = b.add_vars(D * (t + 1), 0.0, 1.0, True).reshape(D, t + 1)
+    x[:, t + 1 :] = b.add_vars(D * (n - t - 1), 0.0, 1.0, True).reshape(D, n - t - 1)
+    k[:, made_by_t] = b.add_vars(D * made_by_t.size, 0.0, 1.0, True).reshape(D, -1)
+    f = b.add_vars(D, 0.0, 1.0, True)
+    for d in range(D):
+        b.add_objective(a[d], C[d, : t + 1])
+        b.add_objective(r[d], C[d, : t + 1])
+        b.add_objective(x[d, t + 1 :], C[d, t + 1 :])
+    _at_least_one(b, "once", a.T)
+    _at_least_one(b, "once_after", x[:, t + 1 :].T)
+    _at_least_one(b, "frontier", f[None, :])
+    for d in range(D):
+        _at_most(b, "frontier_ran", f[d : d + 1], a[d, t : t + 1])
+        _at_most(b, "kept_made", k[d, made_by_t], a[d, ts.prod[made_by_t]])
     needed = made_by_t[last_read[made_by_t] > t]
-    m = needed.size
+    # a tensor read after t is kept or made again on some device: nothing else brings it back
+    _at_least_one(b, "need", np.concatenate([k[:, needed], r[:, ts.prod[needed]]]).T)
+    copies = _read_rows(b, _reads(ts, t, a, r, x, k), copy_ms)
+    _memory_rows(b, inst, ts, t, k, f, made_by_t)
+    return _Cut(b.build(), k, r, a, x, f, copies)
+
+
+def _reads(ts: Tensors, t: int, a, r, x, k) -> list[tuple[int, int, int, int, int, bool]]:
+    """Every computation that reads a tensor, per device: (device, the tensor, the
+    computation's variable, two variables that have the tensor on the device without a copy
+    (-1: none), whether a copy may serve it). A node up to t in a stage up to t: the tensor
+    was made on the device in one; run again after t, or a node after t: the tensor was kept
+    on the device across t or made there again after t (made up to t), or made there (made
+    after t)."""
+    out = []
+    for i, (us, oks) in enumerate(zip(ts.reads, ts.copyable, strict=True)):
+        for u, ok in zip(us, oks, strict=True):
+            p = int(ts.prod[u])
+            for d in range(a.shape[0]):
+                if i <= t:
+                    out.append((d, u, a[d, i], a[d, p], -1, ok))
+                    out.append((d, u, r[d, i], k[d, u], r[d, p], ok))
+                elif p <= t:
+                    out.append((d, u, x[d, i], k[d, u], r[d, p], ok))
+                else:
+                    out.append((d, u, x[d, i], x[d, p], -1, ok))
+    return out
+
+
+def _read_rows(b: ModelBuilder, reads: list, copy_ms: np.ndarray) -> list:
+    """``reader <= avail`` for a read no copy may serve; else ``y >= reader - avail`` with a
+    copy ``y`` at the cheapest copy's cost (continuous: integral at the optimum, as in the
+    placement bound). Returns (y, reader, avail) per copy."""
+    if not reads:
+        return []
+    d, u, reader, av1, av2, ok = (np.array(c) for c in zip(*reads, strict=True))
+    n = copy_ms.shape[1]  # tensors past the values are states: never copied
+    cost = np.where(u < n, copy_ms[d, np.minimum(u, n - 1)], np.inf)
+    copy = ok.astype(bool) & np.isfinite(cost)
+    local = ~copy
+    m = int(local.sum())
     rows = np.arange(m)
-    b.add_rows("need", m, np.r_[rows, rows], np.r_[k[needed], r[ts.prod[needed]]], 1.0, 1.0, np.inf)
-    pairs = [(i, u) for i in range(t + 1) for u in ts.reads[i]]
-    if pairs:
-        i, u = (np.array(c, dtype=np.int64) for c in zip(*pairs, strict=True))
-        m = i.size
-        rows = np.arange(m)
-        b.add_rows(
-            "closure",
-            m,
-            np.r_[rows, rows, rows],
-            np.r_[k[u], r[ts.prod[u]], r[i]],
-            np.r_[np.ones(m), np.ones(m), -np.ones(m)],
-            0.0,
-            np.inf,
-        )
-    xs = kept_across(made_by_t, ts, t)
-    room = float(inst.budgets[0]) - frontier_footprint_bytes(inst, ts, t)
     b.add_rows(
-        "memory",
-        1,
-        np.zeros(xs.size, dtype=np.int64),
-        k[xs],
-        ts.nbytes[xs] / MEM_UNIT_BYTES,
-        -np.inf,
-        room / MEM_UNIT_BYTES,
+        "local_read",
+        m,
+        np.r_[rows, rows, rows],
+        np.r_[reader[local], av1[local], av2[local]],
+        np.r_[-np.ones(m), np.ones(m), np.ones(m)],
+        0.0,
+        np.inf,
     )
-    return _Cut(b.build(), k, r)
+    m = int(copy.sum())
+    if not m:
+        return []
+    y = b.add_vars(m, 0.0, 1.0, False)
+    b.add_objective(y, cost[copy])
+    rows = np.arange(m)
+    b.add_rows(
+        "copied_read",
+        m,
+        np.r_[rows, rows, rows, rows],
+        np.r_[y, reader[copy], av1[copy], av2[copy]],
+        np.r_[np.ones(m), -np.ones(m), np.ones(m), np.ones(m)],
+        0.0,
+        np.inf,
+    )
+    return list(zip(y, reader[copy], av1[copy], av2[copy], strict=True))
+
+
+def _memory_rows(b, inst, ts, t, k, f, made_by_t) -> None:
+    """At the frontier step of t, each device holds what it keeps across the end of stage t
+    (what node t neither reads nor makes) and, where node t runs, node t's footprint."""
+    xs = kept_across(made_by_t, ts, t)
+    for d in range(inst.n_devices):
+        foot = frontier_footprint_bytes(inst, ts, t, d) / MEM_UNIT_BYTES
+        cols = np.r_[k[d, xs], f[d]]
+        vals = np.r_[ts.nbytes[xs] / MEM_UNIT_BYTES, foot]
+        limit = float(inst.budgets[d]) / MEM_UNIT_BYTES
+        b.add_rows(
+            f"memory_{d}", 1, np.zeros(cols.size, dtype=np.int64), cols, vals, -np.inf, limit
+        )
+
+
+def _at_least_one(b, name: str, groups: np.ndarray) -> None:
+    """Each row of ``groups`` (variable indices) sums to at least 1."""
+    m, w = groups.shape
+    b.add_rows(name, m, np.repeat(np.arange(m), w), groups.ravel(), 1.0, 1.0, np.inf)
+
+
+def _at_most(b, name: str, lhs: np.ndarray, rhs: np.ndarray) -> None:
+    """``lhs[i] <= sum(rhs[i])`` for each i (``rhs`` one variable or a row of them)."""
+    rhs = rhs.reshape(lhs.size, -1)
+    m, w = rhs.shape
+    rows = np.arange(m)
+    cols = np.concatenate([lhs, rhs.ravel()])
+    vals = np.concatenate([-np.ones(m), np.ones(m * w)])
+    b.add_rows(name, m, np.concatenate([rows, np.repeat(rows, w)]), cols, vals, 0.0, np.inf)
+
+
+def _cheapest_copy_ms(inst: Instance) -> np.ndarray:
+    """(D, n) the cheapest copy of each value into each device (inf with one device)."""
+    D = inst.n_devices
+    out = np.full((D, inst.size), np.inf)
+    if D > 1:
+        CP = inst.copy_s / TIME_UNIT_S
+        off = ~np.eye(D, dtype=bool)
+        for d in range(D):
+            out[d] = CP[off[:, d], d].min(axis=0)
+    return out
 
 
 def last_reads(ts: Tensors, n_tensors: int) -> np.ndarray:
@@ -158,26 +259,26 @@ def stage_cut_bound(
     options: SolverOptions | None = None,
     target_s: float | None = None,
 ) -> StageCut | None:
-    """The stage-cut bound of a one-device instance (module docstring), or ``None`` when some
-    cost is negative (running an op again could save time, so no bound of this kind holds).
+    """The stage-cut bound of an instance (module docstring), or ``None`` when some cost is
+    negative (running an op again could save time, so no bound of this kind holds).
 
     Stages where memory binds are solved in order of how far keeping everything overshoots
-    the budget, most first, within ``options.time_limit_s`` for all of them; each stage's
-    proven bound counts, even when its solve stops at the limit. Stops early once the bound
-    reaches ``target_s`` within ``options.rel_gap`` (the best schedule at hand: nothing more
-    to prove)."""
+    the largest budget, most first, within ``options.time_limit_s`` for all of them; each
+    stage's proven bound counts, even when its solve stops at the limit. Stops early once the
+    bound reaches ``target_s`` within ``options.rel_gap`` (the best schedule at hand: nothing
+    more to prove). With no stage solved it is every op once on its fastest device."""
     options = options or SolverOptions()
     t0 = time.perf_counter()
-    if (inst.compute_s[0] < 0).any():
+    if (inst.compute_s < 0).any():
         return None
     g = inst.graph
-    once_s = float(inst.compute_s[0].sum())
+    once_ms = float(inst.compute_s.min(axis=0).sum()) / TIME_UNIT_S
     ts = tensors_of(g)
     last_read = last_reads(ts, ts.prod.size)
     excess = np.array([excess_bytes(inst, ts, t, last_read) for t in range(g.size - 1)])
     binding = np.flatnonzero(excess > 0)
     order = binding[np.argsort(-excess[binding], kind="stable")]
-    best_ms, best_t, n_solved, complete = 0.0, None, 0, True
+    best_ms, best_t, n_solved, complete = once_ms, None, 0, True
     for t in order.tolist():
         left_s = _left_s(options, t0)
         if left_s is not None and left_s <= 0:
@@ -190,13 +291,13 @@ def stage_cut_bound(
         proven = sr.objective if sr.status == "optimal" else sr.best_bound
         if proven is not None and proven > best_ms:
             best_ms, best_t = float(proven), t
-        if target_s is not None and _meets(once_s + best_ms * TIME_UNIT_S, target_s, options):
+        if target_s is not None and _meets(best_ms * TIME_UNIT_S, target_s, options):
             complete = complete and n_solved == order.size
             break
     out = StageCut(
-        bound_s=once_s + best_ms * TIME_UNIT_S,
+        bound_s=best_ms * TIME_UNIT_S,
         stage=best_t,
-        recompute_s=best_ms * TIME_UNIT_S,
+        above_once_s=(best_ms - once_ms) * TIME_UNIT_S,
         n_binding=int(order.size),
         n_solved=n_solved,
         complete=complete,
