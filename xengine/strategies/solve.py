@@ -358,7 +358,7 @@ def _tighten_with_placement_bound(
     what = "the placement bound"
     if relaxed is not None and relaxed.bound_s is not None:
         if bound is None or relaxed.bound_s > bound:
-            bound, what = relaxed.bound_s, "the frontier relaxation's bound"
+            bound, what = relaxed.bound_s, relaxed.bound_from
     if bound is None or res.objective_s is None:
         return
     if res.best_bound_s is None or bound > res.best_bound_s:
@@ -411,20 +411,81 @@ class _Relaxed:
     points: list[tuple[float, float | None, float | None]]
     elapsed_s: float
     answer: StrategyResult | None = None
+    bound_from: str = "the frontier relaxation's bound"
+
+
+CUT_SHARE = 0.1
+"""Of the time limit, what the stage-cut bound (:mod:`xengine.strategies.stage_cut`) may use
+before the frontier relaxation: on resnet18 b8 over CPU + H200 it proves the optimum at 60 and
+70 % (and on the version-1 graph at 50 %) with every binding stage solved in 8-10 s, where the
+relaxation took 41-66 s."""
+STAGE_CUT = "the stage-cut bound"
 
 
 def _relax_first(
     inst: Instance, solver: str, options: SolverOptions, start: Schedule | None, strategy: str
 ) -> tuple[_Relaxed | None, str | None]:
-    """The frontier phase where it pays and fits the host: ``(what it left, None)``, or
-    ``(None, why it was refused)``, or ``(None, None)`` where it is not worth running."""
+    """The stage cut, then the frontier phase where it pays and fits the host: ``(what they
+    left, None)``, or ``(None, why it was refused)``. The stage cut's bound replaces the
+    relaxation's where it is higher; a start that meets it is the answer, with no relaxation."""
     pays = _frontier_pays(inst)
     refused = _frontier_refused(inst, steps=pays)
     if refused is not None:
         return None, refused
+    cut = _stage_cut_phase(inst, solver, options, start, strategy)
+    if cut is not None and cut.answer is not None:
+        return cut, None
     if not pays:
-        return _lp_phase(inst, options, start, strategy), None
-    return _frontier_phase(inst, solver, options, start, strategy), None
+        relaxed = _lp_phase(inst, options, start, strategy)
+    else:
+        relaxed = _frontier_phase(inst, solver, options, start, strategy)
+    higher = cut is not None and (relaxed.bound_s is None or cut.bound_s > relaxed.bound_s)
+    if higher and relaxed.answer is None:  # an answer stands: proven, or infeasible
+        relaxed.bound_s, relaxed.bound_from = cut.bound_s, STAGE_CUT
+        relaxed.points.append((relaxed.elapsed_s, cut.points[-1][1], cut.bound_s))
+    return relaxed, None
+
+
+def _stage_cut_phase(
+    inst: Instance, solver: str, options: SolverOptions, start: Schedule | None, strategy: str
+) -> _Relaxed | None:
+    """The stage-cut bound for at most :data:`CUT_SHARE` of the limit (``None`` when it has
+    none); with the answer when the start meets it within the gap."""
+    from xengine.strategies.stage_cut import stage_cut_bound
+
+    t0 = time.perf_counter()
+    best, best_s = _fitting(inst, start)
+    progress.report(phase="stage-cut bound", incumbent_s=best_s)
+    cut = stage_cut_bound(inst, _share(options, CUT_SHARE), best_s)
+    if cut is None:
+        return None
+    info = RelaxationRun("stage_cut", cut.bound_s, cut.time_s, 0.0, None, None)
+    out = _Relaxed(best, cut.bound_s, info, [], time.perf_counter() - t0, bound_from=STAGE_CUT)
+    out.points.append((out.elapsed_s, best_s, cut.bound_s))
+    progress.report(incumbent_s=best_s, bound_s=cut.bound_s)
+    gap = None if best_s is None else relative_gap(best_s, min(cut.bound_s, best_s))
+    if gap is not None and gap <= options.rel_gap:
+        sim = simulate(inst, best)
+        out.answer = StrategyResult(
+            strategy=strategy,
+            devices=inst.devices,
+            budget_bytes=inst.budget_bytes,
+            status="optimal",
+            schedule=best,
+            sim=sim,
+            solver=solver,
+            solve_time_s=time.perf_counter() - t0,
+            objective_s=sim.time_s,
+            best_bound_s=min(cut.bound_s, sim.time_s),
+            gap=gap,
+            message="proven optimal: the start meets the stage-cut bound "
+            "(xengine/strategies/stage_cut.py), so neither the frontier relaxation nor the "
+            "MILP was solved",
+            trace=out.points,
+            extra={"mode": "exact", "bound_from": STAGE_CUT},
+        )
+        log.info("%s: %s", strategy, out.answer.message)
+    return out
 
 
 def _frontier_pays(inst: Instance) -> bool:

@@ -119,9 +119,11 @@ def build_cut(inst: Instance, ts: Tensors, t: int, last_read: np.ndarray) -> _Cu
     made_by_t = np.flatnonzero(ts.prod <= t)
     k = np.full((D, ts.prod.size), -1, dtype=np.int64)
     x = np.full((D, n), -1, dtype=np.int64)
-    a = b.add_vars(D * (t + 1), 0.0, 1.0, True).reshape(D, t + 1)
-    r = b.add_vars(D * (t + 1), 0.0, 1.0, True).reshape(D, t + 1)
-    x[:, t + 1 :] = b.add_vars(D * (n - t - 1), 0.0, 1.0, True).reshape(D, n - t - 1)
+    runs = can_run(inst).astype(float)  # a node runs only where its footprint fits
+    a = b.add_vars(D * (t + 1), 0.0, runs[:, : t + 1].ravel(), True).reshape(D, t + 1)
+    r = b.add_vars(D * (t + 1), 0.0, runs[:, : t + 1].ravel(), True).reshape(D, t + 1)
+    ub = runs[:, t + 1 :].ravel()
+    x[:, t + 1 :] = b.add_vars(D * (n - t - 1), 0.0, ub, True).reshape(D, n - t - 1)
     k[:, made_by_t] = b.add_vars(D * made_by_t.size, 0.0, 1.0, True).reshape(D, -1)
     f = b.add_vars(D, 0.0, 1.0, True)
     for d in range(D):
@@ -234,6 +236,13 @@ def _at_most(b, name: str, lhs: np.ndarray, rhs: np.ndarray) -> None:
     b.add_rows(name, m, np.concatenate([rows, np.repeat(rows, w)]), cols, vals, 0.0, np.inf)
 
 
+def can_run(inst: Instance) -> np.ndarray:
+    """(D, n) whether node i's inputs, output and workspace fit device d's budget at once."""
+    g = inst.graph
+    foot = np.stack([g.node_lower_bound_bytes(dv) for dv in inst.devices])
+    return foot <= np.asarray(inst.budgets)[:, None]
+
+
 def _cheapest_copy_ms(inst: Instance) -> np.ndarray:
     """(D, n) the cheapest copy of each value into each device (inf with one device)."""
     D = inst.n_devices
@@ -260,7 +269,8 @@ def stage_cut_bound(
     target_s: float | None = None,
 ) -> StageCut | None:
     """The stage-cut bound of an instance (module docstring), or ``None`` when some cost is
-    negative (running an op again could save time, so no bound of this kind holds).
+    negative (running an op again could save time, so no bound of this kind holds) or some
+    node fits no device (no schedule at all).
 
     Stages where memory binds are solved in order of how far keeping everything overshoots
     the largest budget, most first, within ``options.time_limit_s`` for all of them; each
@@ -269,7 +279,7 @@ def stage_cut_bound(
     more to prove). With no stage solved it is every op once on its fastest device."""
     options = options or SolverOptions()
     t0 = time.perf_counter()
-    if (inst.compute_s < 0).any():
+    if (inst.compute_s < 0).any() or not can_run(inst).any(axis=0).all():
         return None
     g = inst.graph
     once_ms = float(inst.compute_s.min(axis=0).sum()) / TIME_UNIT_S
