@@ -35,6 +35,15 @@ there) gives 2,186.1 ms against the schedule's 2,192.1 (0.27 %; docs/measurement
 It sees nothing of memory after the cut and counts a node run again in several stages once,
 so where memory binds at many steps (convolutional nets through their backward pass) it is
 weaker than the relaxation; the solve reports the larger of the two.
+
+Over several devices (XEngine, Schuler et al. 2022) the model also says where each node runs
+up to the cut (``a``) and after it (``x``, and ``r`` for a node up to the cut run again), keeps
+a tensor only on a device that made it (a copy lives only while its reader runs), charges a
+read from another device the cheapest copy into the reader's device, and has one memory row per
+device, node ``t``'s footprint counted where it runs (``f``). Its objective counts every
+computation, so with one device it is the model above with every op once added, and over
+several it is never below the placement bound (:func:`xengine.strategies.bounds.placement_bound_s`).
+docs/design.md section 6 has the rows.
 """
 
 from __future__ import annotations
