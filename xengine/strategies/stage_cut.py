@@ -42,7 +42,9 @@ a tensor only on a device that made it (a copy lives only while its reader runs)
 read from another device the cheapest copy into the reader's device, and has one memory row per
 device, node ``t``'s footprint counted where it runs (``f``). Its objective counts every
 computation, so with one device it is the model above with every op once added, and over
-several it is never below the placement bound (:func:`xengine.strategies.bounds.placement_bound_s`).
+several each stage's optimum is at least the placement bound's
+(:func:`xengine.strategies.bounds.placement_bound_s`: the cut's point, read as a placement, is one
+of its points at no more cost).
 docs/design.md section 6 has the rows.
 """
 
