@@ -35,7 +35,7 @@ from xengine.strategies.bounds import once_bound_s
 from xengine.strategies.formulation import Formulation, build
 from xengine.strategies.frontier import FRONTIER_SHARE, solve_frontier
 from xengine.strategies.model_size import milp_memory_problem
-from xengine.strategies.stage_cut import stage_cut_bound
+from xengine.strategies.stage_cut import CUT_SHARE, stage_cut_bound
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +58,6 @@ HOLD_SHARE = 0.15
 the heuristics used up their share: on GPT-2 with 24 layers (781 nodes, 50 %, 240 s) it got
 the 6-9 s left of the heuristics' 60 s and held 33-56 values (6,095.76 -> 5,674.88 ms);
 unlimited it held 122 values in 63 s (5,576.61 ms), most of the gain early."""
-CUT_SHARE = 0.1
-"""Share of the time limit the stage-cut bound may use (:mod:`xengine.strategies.stage_cut`;
-every binding stage of hf_gpt2 with 12 layers, 131 small MILPs, takes 3.3 s)."""
 
 
 def solve_checkmate(

@@ -414,11 +414,6 @@ class _Relaxed:
     bound_from: str = "the frontier relaxation's bound"
 
 
-CUT_SHARE = 0.1
-"""Of the time limit, what the stage-cut bound (:mod:`xengine.strategies.stage_cut`) may use
-before the frontier relaxation: on resnet18 b8 over CPU + H200 it proves the optimum at 60 and
-70 % (and on the version-1 graph at 50 %) with every binding stage solved in 8-10 s, where the
-relaxation took 41-66 s."""
 STAGE_CUT = "the stage-cut bound"
 
 
@@ -449,9 +444,11 @@ def _relax_first(
 def _stage_cut_phase(
     inst: Instance, solver: str, options: SolverOptions, start: Schedule | None, strategy: str
 ) -> _Relaxed | None:
-    """The stage-cut bound for at most :data:`CUT_SHARE` of the limit (``None`` when it has
-    none); with the answer when the start meets it within the gap."""
-    from xengine.strategies.stage_cut import stage_cut_bound
+    """The stage-cut bound for at most :data:`~xengine.strategies.stage_cut.CUT_SHARE` of the
+    limit (``None`` when it has none); with the answer when the start meets it within the gap.
+    On resnet18 b8 over CPU + H200 it proves the optimum at 60 and 70 % (and on the version-1
+    graph at 50 %), where the relaxation took 41-66 s."""
+    from xengine.strategies.stage_cut import CUT_SHARE, stage_cut_bound
 
     t0 = time.perf_counter()
     best, best_s = _fitting(inst, start)

@@ -70,6 +70,11 @@ from xengine.strategies.frontier import (
 
 log = logging.getLogger(__name__)
 
+CUT_SHARE = 0.1
+"""Share of the time limit a solve gives the stage cut before its relaxation. Enough where it
+settles an instance: every binding stage of hf_gpt2 (12 layers, 131 small MILPs) in 3.3 s, of
+resnet18 b8 over CPU + H200 in 8-10 s, and it stops at the first stage that proves the start."""
+
 
 @dataclass
 class StageCut:
