@@ -66,6 +66,11 @@ METHODS = {
     "frontier_then_milp": {"stage_cut": False},
     "cut_frontier_milp": {},
 }
+LABELS = {
+    "milp_alone": "the MILP alone (Checkmate as published)",
+    "frontier_then_milp": "frontier relaxation, then the MILP",
+    "cut_frontier_milp": "stage cut, frontier relaxation, MILP (default)",
+}
 
 
 def net_instance_graph(net: str, batch: int):
@@ -118,9 +123,10 @@ def run(nets, batch, budgets, time_limit_s) -> list[dict]:
 
 def plot(rows: list[dict], path: Path) -> None:
     labels = sorted({(r["net"], r["budget_fraction"]) for r in rows})
-    fig, ax = plt.subplots(figsize=(max(7, 1.6 * len(labels)), 3.5))
-    width = 0.8 / len(METHODS)
-    for k, method in enumerate(METHODS):
+    fig, ax = plt.subplots(figsize=(max(7, 2.0 * len(labels)), 3.8))
+    methods = [m for m in METHODS if any(r["method"] == m for r in rows)]  # older CSVs: two
+    width = 0.8 / len(methods)
+    for k, method in enumerate(methods):
         gaps = []
         for net, frac in labels:
             r = next(
@@ -129,16 +135,28 @@ def plot(rows: list[dict], path: Path) -> None:
                 if (x["net"], x["budget_fraction"], x["method"]) == (net, frac, method)
             )
             gaps.append(r["gap_pct"] if r["gap_pct"] is not None else float("nan"))
-        xs = [i + (k - (len(METHODS) - 1) / 2) * width for i in range(len(labels))]
-        ax.bar(xs, gaps, width, label=method.replace("_", " "))
+        xs = [i + (k - (len(methods) - 1) / 2) * width for i in range(len(labels))]
+        ax.bar(xs, gaps, width, label=LABELS[method])
         for x, gap in zip(xs, gaps, strict=True):
             ax.annotate(f"{gap:.2f}", (x, gap), ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(range(len(labels)), [f"{n} {100 * f:.0f} %" for n, f in labels])
+    ax.set_xticks(range(len(labels)), [f"{n}\n{100 * f:.0f} %" for n, f in labels])
     ax.set_ylabel("proven gap at the limit (%)")
     limit = rows[0]["time_limit_s"] if rows else ""
     ax.set_title(f"Checkmate on this CPU: the proven gap by how it is bounded ({limit} s)")
     ax.legend()
     save_figure(fig, path)
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The rows of a CSV this script wrote, with the fields the plot reads typed."""
+    import csv
+
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        r["budget_fraction"] = float(r["budget_fraction"])
+        r["gap_pct"] = float(r["gap_pct"]) if r["gap_pct"] else None
+    return rows
 
 
 def main(argv=None) -> int:
@@ -148,8 +166,13 @@ def main(argv=None) -> int:
     ap.add_argument("--budgets", default="0.5,0.7,0.9")
     ap.add_argument("--time-limit-s", type=float, default=20.0)
     ap.add_argument("--out", type=Path, default=OUT, help="folder of the CSV and PNG files")
+    ap.add_argument("--replot", action="store_true", help="draw the PNG again from the CSV")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    stem = f"checkmate_frontier_{args.time_limit_s:g}s"
+    if args.replot:
+        plot(read_rows(args.out / f"{stem}.csv"), args.out / f"{stem}.png")
+        return 0
     rows = run(
         args.nets.split(","),
         args.batch_size,
@@ -157,7 +180,6 @@ def main(argv=None) -> int:
         args.time_limit_s,
     )
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"checkmate_frontier_{args.time_limit_s:g}s"
     write_csv(args.out / f"{stem}.csv", rows, FIELDS)
     plot(rows, args.out / f"{stem}.png")
     print(
