@@ -320,6 +320,26 @@ def _start_meets_bound(
     bound = placement_bound_s(inst, options)
     if bound is None or sim.time_s > bound * (1 + options.rel_gap) + 1e-12:
         return None
+    why = (
+        "the start meets the placement bound (no memory limit can make a schedule faster than "
+        "that): no solver run"
+    )
+    res = _start_proven(inst, strategy, solver, start, sim, bound, why, t0)
+    res.nothing_to_solve, res.placement_bound_s = True, bound
+    return res
+
+
+def _start_proven(
+    inst: Instance,
+    strategy: str,
+    solver: str,
+    start: Schedule,
+    sim,
+    bound_s: float,
+    message: str,
+    t0: float,
+) -> StrategyResult:
+    """The start as the answer, proven optimal by ``bound_s`` (its simulation ``sim``)."""
     res = StrategyResult(
         strategy=strategy,
         devices=inst.devices,
@@ -330,11 +350,8 @@ def _start_meets_bound(
         solver=solver,
         solve_time_s=time.perf_counter() - t0,
         objective_s=sim.time_s,
-        best_bound_s=min(bound, sim.time_s),
-        message="the start meets the placement bound (no memory limit can make a schedule "
-        "faster than that): no solver run",
-        nothing_to_solve=True,
-        placement_bound_s=bound,
+        best_bound_s=min(bound_s, sim.time_s),
+        message=message,
     )
     res.gap = relative_gap(sim.time_s, res.best_bound_s)
     log.info("%s: %s (%.6g s)", strategy, res.message, sim.time_s)
@@ -462,26 +479,14 @@ def _stage_cut_phase(
     progress.report(incumbent_s=best_s, bound_s=cut.bound_s)
     gap = None if best_s is None else relative_gap(best_s, min(cut.bound_s, best_s))
     if gap is not None and gap <= options.rel_gap:
-        sim = simulate(inst, best)
-        out.answer = StrategyResult(
-            strategy=strategy,
-            devices=inst.devices,
-            budget_bytes=inst.budget_bytes,
-            status="optimal",
-            schedule=best,
-            sim=sim,
-            solver=solver,
-            solve_time_s=time.perf_counter() - t0,
-            objective_s=sim.time_s,
-            best_bound_s=min(cut.bound_s, sim.time_s),
-            gap=gap,
-            message="proven optimal: the start meets the stage-cut bound "
-            "(xengine/strategies/stage_cut.py), so neither the frontier relaxation nor the "
-            "MILP was solved",
-            trace=out.points,
-            extra={"mode": "exact", "bound_from": STAGE_CUT},
+        why = (
+            "proven optimal: the start meets the stage-cut bound (xengine/strategies/"
+            "stage_cut.py), so neither the frontier relaxation nor the MILP was solved"
         )
-        log.info("%s: %s", strategy, out.answer.message)
+        sim = simulate(inst, best)
+        out.answer = _start_proven(inst, strategy, solver, best, sim, cut.bound_s, why, t0)
+        out.answer.trace = out.points
+        out.answer.extra = {"mode": "exact", "bound_from": STAGE_CUT}
     return out
 
 
