@@ -210,6 +210,20 @@ def steps(out: Path, quick: bool) -> list[Step]:
             quick_s=155,
         ),
         Step(
+            "checkmate_bounds",
+            (
+                f"{PY} experiments/checkmate_frontier.py --nets resnet18,mobilenet_v2,gpt2_small "
+                "--budgets 0.5,0.7 --time-limit-s 30 --out results/checkmate_frontier/stage_cut",
+            ),
+            (
+                f"{PY} experiments/checkmate_frontier.py --nets resnet18 --batch-size 2 "
+                f"--budgets 0.7 --time-limit-s 30 --out {out}/checkmate_frontier/stage_cut",
+            ),
+            ("checkmate_frontier/stage_cut/checkmate_frontier_30s.png",),
+            full_s=470,
+            quick_s=70,
+        ),
+        Step(
             "heuristic_speed",
             (f"{PY} experiments/heuristic_speed.py --layers 12,24 --repeats 2",),
             (
