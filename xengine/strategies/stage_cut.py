@@ -125,17 +125,26 @@ def excess_bytes(inst: Instance, ts: Tensors, t: int, last_read: np.ndarray) -> 
     return int(ts.nbytes[kept].sum()) + foot - int(np.max(inst.budgets))
 
 
-def build_cut(inst: Instance, ts: Tensors, t: int, last_read: np.ndarray) -> _Cut:
+def build_cut(
+    inst: Instance,
+    ts: Tensors,
+    t: int,
+    last_read: np.ndarray,
+    runs: np.ndarray | None = None,
+    copy_ms: np.ndarray | None = None,
+) -> _Cut:
     """The model of the module docstring for stage ``t`` over the instance's devices
-    (objective in ms, every computation included)."""
+    (objective in ms, every computation included). ``runs`` (:func:`can_run`) and ``copy_ms``
+    (the cheapest copies) are the instance's, computed here unless a caller that builds many
+    stages passes them."""
     D, n = inst.n_devices, inst.size
     C = inst.compute_s / TIME_UNIT_S
-    copy_ms = _cheapest_copy_ms(inst)
+    copy_ms = _cheapest_copy_ms(inst) if copy_ms is None else copy_ms
+    runs = (can_run(inst) if runs is None else runs).astype(float)  # only where it fits
     b = ModelBuilder(f"stage-cut-{inst.graph.name}-{t}")
     made_by_t = np.flatnonzero(ts.prod <= t)
     k = np.full((D, ts.prod.size), -1, dtype=np.int64)
     x = np.full((D, n), -1, dtype=np.int64)
-    runs = can_run(inst).astype(float)  # a node runs only where its footprint fits
     a = b.add_vars(D * (t + 1), 0.0, runs[:, : t + 1].ravel(), True).reshape(D, t + 1)
     r = b.add_vars(D * (t + 1), 0.0, runs[:, : t + 1].ravel(), True).reshape(D, t + 1)
     ub = runs[:, t + 1 :].ravel()
@@ -295,8 +304,10 @@ def stage_cut_bound(
     more to prove). With no stage solved it is every op once on its fastest device."""
     options = options or SolverOptions()
     t0 = time.perf_counter()
-    if (inst.compute_s < 0).any() or not can_run(inst).any(axis=0).all():
+    runs = can_run(inst)
+    if (inst.compute_s < 0).any() or not runs.any(axis=0).all():
         return None
+    copy_ms = _cheapest_copy_ms(inst)
     g = inst.graph
     once_ms = float(inst.compute_s.min(axis=0).sum()) / TIME_UNIT_S
     ts = tensors_of(g)
@@ -310,7 +321,7 @@ def stage_cut_bound(
         if left_s is not None and left_s <= 0:
             complete = False
             break
-        cut = build_cut(inst, ts, t, last_read)
+        cut = build_cut(inst, ts, t, last_read, runs, copy_ms)
         sr = solve(cut.model, "highs", SolverOptions(time_limit_s=left_s, rel_gap=1e-6))
         n_solved += 1
         complete &= sr.status == "optimal"
