@@ -30,3 +30,14 @@ def store(tmp_path, empty_store) -> Path:
 def uri(store: Path) -> str:
     """The tracking URI of ``store`` (a fresh copy of the empty store in ``tmp_path``)."""
     return f"sqlite:///{store}"
+
+
+@pytest.fixture(autouse=True)
+def _heuristics_computed_anew():
+    """Each test computes its heuristics itself: the per-process memo of
+    :func:`baselines.heuristics.computed_once` would otherwise carry one test's result (or its
+    time limit's effect) into another."""
+    from baselines.heuristics import forget
+
+    forget()
+    yield

@@ -668,9 +668,12 @@ def test_run_heuristics_hands_its_limit_to_the_timed_ones():
     g = chain(8)
     out = {r.strategy: r for r in run_heuristics(_inst(g, 7000), time_limit_s=0.0)}
     assert set(out) == set(HEURISTICS)
+    assert TIMED == {"chen_greedy", "recompute_greedy"}
     for name in TIMED:
         assert out[name].message.startswith("stopped by its time limit")
-    assert out["chen_greedy"].status == "feasible"  # untimed: runs as before
+    # Chen's greedy stopped at once still answers with the one set it tried
+    assert out["chen_greedy"].has_schedule and out["chen_greedy"].extra["n_checkpoint_sets"] > 1
+    assert out["checkpoint_all"].status == "infeasible" and not out["chen_sqrtn"].message
 
 
 def test_recompute_greedy_holds_on_request_only():

@@ -6,6 +6,7 @@ against the same instance by the simulator, so costs and budgets are read in one
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -86,6 +87,25 @@ class Instance:
     @cached_property
     def budgets(self) -> np.ndarray:
         return np.asarray(self.budget_bytes, dtype=np.int64)
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """A hash of everything a schedule's simulation reads: the graph's structure and bytes,
+        every cost, the devices and their budgets. Two instances with one fingerprint give
+        every schedule the same simulation, so a schedule found on one is the same answer on
+        the other (the heuristics are computed once per run and costs,
+        :mod:`baselines.heuristics`). Context rounds and profiles make new graph objects with
+        the same structure; their costs tell them apart."""
+        g = self.graph
+        h = hashlib.blake2b(digest_size=16)
+        h.update(repr((g.name, self.devices, self.budget_bytes, g.released_logits)).encode())
+        h.update(repr([(v.name, v.kind) for v in g.nodes]).encode())
+        h.update(repr([(e.src, e.dst, e.copyable, e.kind) for e in g.edges]).encode())
+        for a in (g.output_bytes, g.state_bytes, self.compute_s, self.workspace_bytes):
+            h.update(np.ascontiguousarray(a).tobytes())
+        if self.n_devices > 1:
+            h.update(np.ascontiguousarray(self.copy_s).tobytes())
+        return h.hexdigest()
 
     def with_budgets(self, budget_bytes: tuple[int, ...]) -> Instance:
         return Instance(self.graph, self.devices, tuple(int(b) for b in budget_bytes))
