@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -28,6 +29,7 @@ from xengine import progress as status
 from xengine.checkpoints import budget_range_message, schedule_from_checkpoints, solve_r_opt
 from xengine.problem import Instance
 from xengine.result import RelaxationRun, StrategyResult
+from xengine.schedule import Schedule
 from xengine.simulate import ScheduleError, simulate
 from xengine.solvers import ProgressFn, SolverOptions, solve
 from xengine.solvers.model import SOLUTION_STATUSES, MilpModel, SolveResult, relative_gap
@@ -36,6 +38,7 @@ from xengine.strategies.formulation import Formulation, build
 from xengine.strategies.frontier import FRONTIER_SHARE, solve_frontier
 from xengine.strategies.model_size import milp_memory_problem
 from xengine.strategies.stage_cut import CUT_SHARE, stage_cut_bound
+from xengine.strategies.start import never_slower
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +71,15 @@ def solve_checkmate(
     progress: ProgressFn | None = None,
     frontier: bool = True,
     stage_cut: bool = True,
+    starts: Mapping[str, Schedule] | None = None,
 ) -> StrategyResult:
     """Solve Checkmate's MILP for a one-device instance.
+
+    The start is the fastest fitting schedule among the heuristics (each computed once per
+    run and costs, :func:`baselines.heuristics.computed_once`) and ``starts`` (label ->
+    schedule: what the run's other rows on this device gave, PyTorch's policies translated
+    included), its recomputations held (:func:`_held`); the answer is never slower than it
+    (:func:`xengine.strategies.start.never_slower`), so the gap is measured from it at worst.
 
     With ``frontier`` (default) the frontier relaxation (:mod:`xengine.strategies.frontier`)
     runs first, for at most :data:`FRONTIER_SHARE` of the time limit: its bound holds for this model
@@ -105,9 +115,39 @@ def solve_checkmate(
     limit_s = options.time_limit_s
     heuristics_s = None if limit_s is None else limit_s * HEURISTIC_SHARE
     hold_s = None if limit_s is None else limit_s * HOLD_SHARE
-    best, extra = _heuristic_seed(inst, heuristics_s, hold_s)
+    best, extra = _heuristic_seed(inst, heuristics_s, hold_s, starts)
     if not warm_start:
         best = None
+    out = _solve_from(
+        inst,
+        solver,
+        options,
+        best,
+        extra,
+        t_start,
+        progress,
+        frontier=frontier,
+        stage_cut=stage_cut,
+    )
+    if best is None:
+        return out
+    return never_slower(out, best.strategy, best.schedule, best.sim, options.rel_gap)
+
+
+def _solve_from(
+    inst: Instance,
+    solver: str,
+    options: SolverOptions,
+    best: StrategyResult | None,
+    extra: dict,
+    t_start: float,
+    progress: ProgressFn | None,
+    frontier: bool,
+    stage_cut: bool,
+) -> StrategyResult:
+    """The phases after the start ``best``: the stage cut, the frontier relaxation, the MILP
+    (:func:`solve_checkmate`)."""
+    warm_start = best is not None
     bound_s = None
     too_big = milp_memory_problem(inst.graph)
     if frontier:
@@ -185,17 +225,26 @@ def _not_built(
 
 
 def _heuristic_seed(
-    inst: Instance, time_limit_s: float | None = None, hold_s: float | None = None
+    inst: Instance,
+    time_limit_s: float | None = None,
+    hold_s: float | None = None,
+    starts: Mapping[str, Schedule] | None = None,
 ) -> tuple[StrategyResult | None, dict]:
-    """The fastest heuristic schedule that fits, with its recomputations held where that
-    helps (:func:`_held`): the solve's start; and what each heuristic gave. ``time_limit_s``
-    bounds the heuristics that take a limit and the holding pass together, except that the
-    holding pass gets at least ``hold_s`` (:data:`HOLD_SHARE`)."""
+    """The fastest schedule that fits among the heuristics and ``starts``, with its
+    recomputations held where that helps (:func:`_held`): the solve's start; and what each
+    gave. ``time_limit_s`` bounds the heuristics that take a limit and the holding pass
+    together, except that the holding pass gets at least ``hold_s`` (:data:`HOLD_SHARE`). A
+    heuristic stopped by its limit is said in the log: the start is then weaker than the
+    heuristic would give."""
     g = inst.graph
     t_heur = time.perf_counter()
     deadline = None if time_limit_s is None else t_heur + time_limit_s
     heur = run_heuristics(inst, time_limit_s=time_limit_s)
-    seed = best_fitting(heur)
+    for res in heur:
+        if res.message.startswith("stopped by its time limit"):
+            log.warning("checkmate's start: %s %s", res.strategy, res.message)
+    given = _given_starts(inst, starts or {})
+    seed = best_fitting([*heur, *given])
     extra: dict = {}
     if seed is None:
         # near the smallest budget no heuristic fits; the memory-frugal schedule (no forward
@@ -219,9 +268,22 @@ def _heuristic_seed(
             "peak_bytes": int(r.sim.peak_bytes.max()),
             "fits": r.sim.within_budget,
         }
-        for r in heur
+        for r in (*heur, *given)
     }
     return seed, extra
+
+
+def _given_starts(inst: Instance, starts: Mapping[str, Schedule]) -> list[StrategyResult]:
+    """The run's other schedules for this device (label -> schedule), simulated on this
+    instance's costs; one the simulator rejects is logged and left out."""
+    out = []
+    for label, sched in starts.items():
+        t0 = time.perf_counter()
+        try:
+            out.append(evaluate(inst, label, sched, t0))
+        except ScheduleError as exc:
+            log.info("checkmate's start: %s is not a schedule of this instance: %s", label, exc)
+    return out
 
 
 def _held(

@@ -42,6 +42,7 @@ from xengine.problem import Instance
 from xengine.result import StrategyResult
 from xengine.schedule import Schedule, keep_all_schedule
 from xengine.simulate import Simulation, StageMemo, simulate
+from xengine.strategies.registry import STRATEGIES
 
 GREEDY_SWEEP = np.arange(300) / 100.0
 """Segment budgets of Chen greedy, as multiples of the sqrt(n) schedule's peak (Checkmate's
@@ -483,9 +484,9 @@ HEURISTICS: dict[str, Callable[[Instance], StrategyResult]] = {
 """Name -> heuristic, for the command line and the Checkmate warm start."""
 
 
-TIMED = frozenset({"chen_greedy", "recompute_greedy"})
+TIMED = frozenset(name for name in HEURISTICS if STRATEGIES[name].takes_limit)
 """The heuristics that take a time limit (the others run a fixed, short sequence of
-simulations)."""
+simulations): :attr:`xengine.strategies.registry.StrategySpec.takes_limit` says which."""
 
 
 def run_heuristics(

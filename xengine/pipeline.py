@@ -34,7 +34,7 @@ from xengine.execute.grads import (
 from xengine.prepare import Prepared, measure_profile, prepare
 from xengine.problem import Instance
 from xengine.progress import StatusLine
-from xengine.protocol import Job, solve_jobs, summarize
+from xengine.protocol import Job, in_asked_order, solve_jobs, summarize
 from xengine.records.record import (
     NullTracker,
     Tracker,
@@ -85,6 +85,7 @@ def run_pipeline(
             warm_start=start,
             label=job.label,
             status_line=cfg.progress,
+            starts=job.starts,
         )
 
     started = partial(_warm_start_said, tracker=tracker)
@@ -111,7 +112,7 @@ def run_pipeline(
             plain.close()
     if len(cfg.devices) > 1:
         record_summary(tracker, summarize(rows))
-    return rows
+    return in_asked_order(rows, cfg.run_strategies)
 
 
 def _instance(cfg: RunConfig, prep: Prepared, tracker: Tracker) -> Instance:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
@@ -52,6 +52,9 @@ class Job:
     inst: Instance
     alone: bool
     start_s: float = 0.0  # seconds its warm start took, counted against its time limit
+    # what the run's rows before it gave on its device (label -> schedule), for a strategy
+    # that starts from them (StrategySpec.takes_starts)
+    starts: Mapping[str, Schedule] = field(default_factory=dict)
 
     def settings(self, base: SolveSettings) -> SolveSettings:
         """``base`` with what the job's warm start took off the time limit: the limit is the
@@ -66,13 +69,15 @@ class Job:
 
 
 def plan(inst: Instance, names: Sequence[str]) -> list[Job]:
-    """The rows of a run in protocol order: the single-device strategies first (their best
-    schedule warm-starts XEngine's), each on every device alone with the total memory; then
-    the strategies over all devices (XEngine)."""
+    """The rows of a run in protocol order: the single-device strategies first, each on every
+    device alone with the total memory, those that start from the others' schedules
+    (Checkmate: :attr:`StrategySpec.takes_starts`) after the others; then the strategies over
+    all devices (XEngine), which start from all of them. The table shows the rows in the
+    order asked for (:func:`in_asked_order`)."""
     several = inst.n_devices > 1
     total = int(sum(inst.budget_bytes))
     jobs: list[Job] = []
-    for name in sorted(names, key=lambda s: not STRATEGIES[s].one_device):
+    for name in sorted(names, key=_solve_order):
         if not STRATEGIES[name].one_device:
             jobs.append(Job(name, name, inst, alone=False))
             continue
@@ -80,6 +85,36 @@ def plan(inst: Instance, names: Sequence[str]) -> list[Job]:
             label = f"{name}.{device}" if several else name
             jobs.append(Job(label, name, inst.only_device(d, total), alone=several))
     return jobs
+
+
+def _solve_order(name: str) -> tuple[bool, bool]:
+    spec = STRATEGIES[name]
+    return not spec.one_device, spec.takes_starts
+
+
+def in_asked_order(
+    rows: Sequence[T], names: Sequence[str], name_of=lambda r: r.strategy
+) -> list[T]:
+    """``rows`` in the order of ``names`` (a strategy's rows keep their own order; rows of
+    no strategy in ``names``, the plain-step references, first)."""
+    rank = {name: i for i, name in enumerate(names)}
+    return sorted(rows, key=lambda r: rank.get(name_of(r), -1))
+
+
+def run_schedules(inst: Instance, alone: Sequence[StrategyResult]) -> dict[str, Schedule]:
+    """What the single-device rows solved so far gave on ``inst``'s one device: each row's
+    schedule, and the schedule of ours that a PyTorch policy translates into (label ->
+    schedule). Checkmate starts from the fastest of them that fits (issue 57)."""
+    out: dict[str, Schedule] = {}
+    for res in alone:
+        if tuple(res.devices) != tuple(inst.devices):
+            continue
+        if res.has_schedule:
+            out[res.strategy] = res.schedule
+        translated = res.pytorch.schedule if res.pytorch is not None else None
+        if translated is not None:
+            out[f"{res.strategy} (translated)"] = translated
+    return out
 
 
 def solve_jobs(
@@ -117,6 +152,8 @@ def solve_jobs(
             if on_start is not None:
                 on_start(found, job.start_s)
             start = None if found is None else found[1]
+        if STRATEGIES[job.name].takes_starts:
+            job = replace(job, starts=run_schedules(job.inst, alone))
         solved = solve(job, start)
         if STRATEGIES[job.name].one_device:
             alone.append(result_of(solved))
@@ -191,17 +228,17 @@ def warm_start(
             cands.append((float(sim.time_s), what, sched))
 
     for res in alone:
-        if res.fits and res.has_schedule:  # PyTorch's own policies have no schedule of ours
+        if res.fits and res.has_schedule:
             add(_what(res, "total"), res.schedule.on_devices(inst.devices))
+        translated = res.pytorch.schedule if res.pytorch is not None else None
+        if res.fits and translated is not None:  # a PyTorch policy's, as a schedule of ours
+            add(_what(res, "total") + ", translated", translated.on_devices(inst.devices))
     own = _own_budget_instances(inst)
-    greedy = load(GREEDY_START)
     limit_s = options.time_limit_s
     for sub in own:
-        res = greedy(
-            sub, time_limit_s=None if limit_s is None else limit_s * GREEDY_SHARE, hold=True
-        )
-        if res.fits:
-            add(_what(res, "its own"), res.schedule.on_devices(inst.devices))
+        for res in _own_heuristics(sub, None if limit_s is None else limit_s * GREEDY_SHARE):
+            if res.fits:
+                add(_what(res, "its own"), res.schedule.on_devices(inst.devices))
     if inst.n_devices > 1 and formulation in ("exact", "intervals"):
         singles = [(_what(r, "total"), r.schedule) for r in alone if r.has_schedule]
         xe_solver = SolveSettings(solver=solver, formulation=formulation).xengine_solver
@@ -226,6 +263,23 @@ def warm_start(
         return None
     t, what, sched = min(cands, key=lambda c: c[0])
     return what, sched, t
+
+
+def _own_heuristics(sub: Instance, limit_s: float | None) -> list[StrategyResult]:
+    """Step 1's heuristics on one device with its own budget, within ``limit_s`` together:
+    ``recompute_greedy`` held first (:data:`GREEDY_START`), then the others, each computed
+    once per run and costs (:func:`baselines.heuristics.computed_once`), so that XEngine's
+    answer is never slower than what any of them gives for that device and budget."""
+    t0 = time.perf_counter()
+    out = [load(GREEDY_START)(sub, time_limit_s=limit_s, hold=True)]
+    for name in HEURISTICS:
+        left_s = None if limit_s is None else max(limit_s - (time.perf_counter() - t0), 0.0)
+        kwargs = {"time_limit_s": left_s} if STRATEGIES[name].takes_limit else {}
+        if left_s is not None and left_s <= 0:
+            log.warning("warm start: no time left for %s on %s", name, sub.devices[0])
+            break
+        out.append(load(name)(sub, **kwargs))
+    return out
 
 
 def _left_s(limit_s: float, spent_s: float) -> float:
@@ -396,7 +450,12 @@ def compare(
 
     def solve(job: Job, start: Schedule | None) -> StrategyResult:
         return run_strategy(
-            job.name, job.inst, job.settings(settings), warm_start=start, label=job.label
+            job.name,
+            job.inst,
+            job.settings(settings),
+            warm_start=start,
+            label=job.label,
+            starts=job.starts,
         )
 
     def said(start: tuple[str, Schedule, float] | None, _seconds: float) -> None:
@@ -407,5 +466,6 @@ def compare(
         row = row_of(job.label, res)
         row.alone = STRATEGIES[job.name].one_device  # one device too: the rows to beat
         out.rows.append(row)
+    out.rows = in_asked_order(out.rows, strategies)
     out.summary = summarize(out.rows)
     return out

@@ -24,6 +24,7 @@ that both the refined and the unrefined error can be shown (experiments/time_fid
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -73,15 +74,17 @@ def solve_in_context(
     warm_start: Schedule | None = None,
     label: str | None = None,
     status_line: bool = False,
+    starts: Mapping[str, Schedule] | None = None,
 ) -> tuple[StrategyResult, Instance, ContextRounds | None]:
     """Run strategy ``name`` (:func:`run_strategy`), then refine it in context for up to
     ``rounds`` rounds (module docstring); each timing in context is at least ``repeats``
     steps after ``warmup`` and at least ``min_s`` seconds of them (25 steps at most).
-    Returns the result, the instance whose costs its prediction used, and the rounds (None:
+    ``starts`` go to every solve (:func:`run_strategy`). Returns the result, the instance
+    whose costs its prediction used, and the rounds (None:
     not refined: ``rounds`` is 0, no captured model, a CUDA device in the mix, or no schedule
     that fits)."""
     label = label or name
-    res = run_strategy(name, inst, settings, warm_start, label, status_line, captured)
+    res = run_strategy(name, inst, settings, warm_start, label, status_line, captured, starts)
     policy = res.pytorch is not None and res.pytorch.schedule is not None
     if rounds <= 0 or captured is None or not (policy or _fits(res)):
         return res, inst, None
@@ -95,7 +98,7 @@ def solve_in_context(
     for r in range(1, rounds + 1):
         timing = _measure_into(measured, captured, here, res.schedule, (repeats, warmup, min_s))
         here = with_context_costs(inst, measured)
-        again = run_strategy(name, here, settings, warm_start, label, status_line)
+        again = run_strategy(name, here, settings, warm_start, label, status_line, starts=starts)
         if not _fits(again):  # keep the schedule that fits, costed in its own context
             log.info("%s: round %d in context found no schedule that fits", label, r)
             break

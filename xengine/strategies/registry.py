@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +49,11 @@ class StrategySpec:
       it takes the captured net (``captured=``) and the run's ``n_steps`` and ``warmup``, and
       returns its measured execution instead of a schedule of ours, so it needs a net to run
       (not ``graph=``, not ``execute=false``);
+    * ``takes_limit``: it takes ``time_limit_s=`` and stops there, saying so (the slower
+      heuristics, when a start for another strategy must keep that one's limit);
+    * ``takes_starts``: it takes ``starts=``, the schedules the run's other rows gave on its
+      device (label -> schedule), and answers no slower than the fastest that fits (Checkmate;
+      the protocol solves it after them, :func:`xengine.protocol.plan`);
     * ``heterogeneous``: XEngine's model over every device of the mix. It joins every run
       over several devices, takes the protocol's warm start (the fastest single-device
       schedule, :func:`xengine.protocol.warm_start`) and the formulation settings
@@ -63,6 +68,8 @@ class StrategySpec:
     shows_progress: bool = False
     runs_in_pytorch: bool = False
     heterogeneous: bool = False
+    takes_limit: bool = False
+    takes_starts: bool = False
 
     def call(
         self,
@@ -71,6 +78,7 @@ class StrategySpec:
         warm_start: Schedule | None = None,
         progress: ProgressFn | None = None,
         captured: Any = None,
+        starts: Mapping[str, Schedule] | None = None,
     ) -> tuple[Callable[..., StrategyResult], dict[str, Any]]:
         """The function that runs strategy ``name`` under ``settings`` and the keyword
         arguments it takes, from the flags above (``captured``: the net, a
@@ -91,6 +99,8 @@ class StrategySpec:
             kwargs["seed"] = settings.seed
         if self.shows_progress and progress is not None:
             kwargs["progress"] = progress
+        if self.takes_starts and starts:
+            kwargs["starts"] = starts
         target = _load(self.target)
         if not self.heterogeneous:
             return target, kwargs
@@ -111,7 +121,7 @@ class StrategySpec:
 
 STRATEGIES: dict[str, StrategySpec] = {
     "checkmate": StrategySpec(
-        "baselines.checkmate:solve_checkmate", True, True, shows_progress=True
+        "baselines.checkmate:solve_checkmate", True, True, shows_progress=True, takes_starts=True
     ),
     "lp_rounding": StrategySpec(
         "baselines.lp_rounding:solve_lp_rounding",
@@ -122,8 +132,12 @@ STRATEGIES: dict[str, StrategySpec] = {
     ),
     "checkpoint_all": StrategySpec("baselines.heuristics:solve_checkpoint_all", True, False),
     "chen_sqrtn": StrategySpec("baselines.heuristics:solve_chen_sqrtn", True, False),
-    "chen_greedy": StrategySpec("baselines.heuristics:solve_chen_greedy", True, False),
-    "recompute_greedy": StrategySpec("baselines.heuristics:solve_recompute_greedy", True, False),
+    "chen_greedy": StrategySpec(
+        "baselines.heuristics:solve_chen_greedy", True, False, takes_limit=True
+    ),
+    "recompute_greedy": StrategySpec(
+        "baselines.heuristics:solve_recompute_greedy", True, False, takes_limit=True
+    ),
     "xengine": StrategySpec(
         "xengine.strategies.solve:solve_xengine", False, True, heterogeneous=True
     ),
@@ -207,6 +221,7 @@ def run_strategy(
     label: str | None = None,
     status_line: bool = False,
     captured: Any = None,
+    starts: Mapping[str, Schedule] | None = None,
 ) -> StrategyResult:
     """Run one strategy and replay its schedule in the simulator.
 
@@ -216,7 +231,8 @@ def run_strategy(
     finds over budget is ``over_budget`` whatever the solver said (:func:`overrule_by_simulator`).
     ``status_line`` shows the live status line of :class:`~xengine.progress.StatusLine`.
     ``captured``: the net, for a strategy that PyTorch runs itself
-    (:attr:`StrategySpec.runs_in_pytorch`).
+    (:attr:`StrategySpec.runs_in_pytorch`). ``starts``: the run's other schedules on its
+    device, for a strategy that takes them (:attr:`StrategySpec.takes_starts`).
     """
     label = label or name
     spec = STRATEGIES[name]
@@ -227,7 +243,7 @@ def run_strategy(
     log.info("%s: solving on %s, budget %s", label, ",".join(inst.devices), budgets)
     t0 = time.perf_counter()
     try:
-        target, kwargs = spec.call(name, settings, warm_start, _progress(label), captured)
+        target, kwargs = spec.call(name, settings, warm_start, _progress(label), captured, starts)
         with StatusLine(label, str(kwargs.get("solver", "")), enabled=status_line):
             res = target(inst, **kwargs)
     except Exception as exc:  # a failing strategy is recorded, the run goes on

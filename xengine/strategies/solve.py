@@ -18,6 +18,7 @@ from xengine.solvers import QUADRATIC_CAPABLE, SolverOptions, SolverUnavailable,
 from xengine.solvers.model import MilpModel, SolveResult, relative_gap
 from xengine.strategies.formulation import Formulation, build, default_free_rows
 from xengine.strategies.model_size import milp_memory_problem
+from xengine.strategies.start import never_slower
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,29 @@ def solve_xengine(
     process during the search).
     """
     options = options or SolverOptions()
+    res = _solve(
+        inst, solver, formulation, options, warm_start, strategy, build_options, placement,
+        builder, frontier,
+    )  # fmt: skip
+    start_sim = None if warm_start is None else _fitting_sim(inst, warm_start)
+    if start_sim is None or placement is not None:  # a restricted model answers for itself
+        return res
+    return never_slower(res, "the warm start", warm_start, start_sim, options.rel_gap)
+
+
+def _solve(
+    inst: Instance,
+    solver: str,
+    formulation: str,
+    options: SolverOptions,
+    warm_start: Schedule | None,
+    strategy: str,
+    build_options: dict | None,
+    placement: np.ndarray | None,
+    builder: Callable[..., Formulation],
+    frontier: bool,
+) -> StrategyResult:
+    """:func:`solve_xengine` before its answer is held to its start."""
     if warm_start is not None and placement is None:
         done = _start_meets_bound(inst, warm_start, solver, options, strategy)
         if done is not None:  # nothing to solve
