@@ -70,6 +70,7 @@ def run_pipeline(
     rows = _references(cfg, prep, tracker) if cfg.executes else []
     references = {r.devices[0]: r.execution for r in rows if r.execution is not None}
     executed: dict[str, tuple[str, Any]] = {}  # schedule key -> (label, its execution)
+    asked: dict[str, str] = {}  # row label -> its strategy, for the table's order
 
     def solve(job: Job, start: Schedule | None):
         if STRATEGIES[job.name].runs_in_pytorch and cfg.executes:
@@ -95,6 +96,7 @@ def run_pipeline(
         for job, (res, costed, rounds) in jobs:
             row = row_of(job.label, res)
             row.alone = job.alone
+            asked[row.label] = job.name
             if rounds is not None:
                 row.profile_time_s = rounds.profile_time_s
                 row.context_rounds, row.context_stable = rounds.rounds, rounds.stable
@@ -112,7 +114,7 @@ def run_pipeline(
             plain.close()
     if len(cfg.devices) > 1:
         record_summary(tracker, summarize(rows))
-    return in_asked_order(rows, cfg.run_strategies)
+    return in_asked_order(rows, cfg.run_strategies, lambda r: asked.get(r.label))
 
 
 def _instance(cfg: RunConfig, prep: Prepared, tracker: Tracker) -> Instance:

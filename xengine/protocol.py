@@ -462,10 +462,12 @@ def compare(
         if start is not None:
             log.info("warm start: %s (%.4g s)", start[0], start[2])
 
+    asked: dict[str, str] = {}
     for job, res in solve_jobs(inst, strategies, settings, solve, said):
+        asked[job.label] = job.name
         row = row_of(job.label, res)
         row.alone = STRATEGIES[job.name].one_device  # one device too: the rows to beat
         out.rows.append(row)
-    out.rows = in_asked_order(out.rows, strategies)
+    out.rows = in_asked_order(out.rows, strategies, lambda r: asked.get(r.label))
     out.summary = summarize(out.rows)
     return out
