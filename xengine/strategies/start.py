@@ -34,12 +34,15 @@ def never_slower(
     rel_gap: float,
 ) -> StrategyResult:
     """``res``, or the start in its place where it fits and ``res`` is slower or has no
-    schedule. A result in ``error`` stays as it is: a model that rejects a fitting start is
-    a defect to see, not to hide. The start keeps ``res``'s bound: optimal when the bound
+    schedule. A result in ``error``, or whose schedule the simulator finds over the budget,
+    stays as it is: a model that rejects a fitting start, or miscounts memory, is a defect to
+    see, not to hide (:func:`xengine.strategies.registry.overrule_by_simulator`). The start keeps ``res``'s bound: optimal when the bound
     meets it within ``rel_gap``, else feasible with the gap from it."""
     if not start_sim.within_budget or res.status not in (*SOLUTION_STATUSES, "no_solution"):
         return res
-    if res.has_schedule and res.sim is not None and res.sim.within_budget:
+    if res.has_schedule and res.sim is not None:
+        if not res.sim.within_budget:  # the model miscounts memory (the published one does
+            return res  # not count copies): the row says over_budget, as it should
         if res.sim.time_s <= start_sim.time_s * (1 + TIME_RTOL):
             return res
     was = (
