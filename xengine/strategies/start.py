@@ -36,8 +36,9 @@ def never_slower(
     """``res``, or the start in its place where it fits and ``res`` is slower or has no
     schedule. A result in ``error``, or whose schedule the simulator finds over the budget,
     stays as it is: a model that rejects a fitting start, or miscounts memory, is a defect to
-    see, not to hide (:func:`xengine.strategies.registry.overrule_by_simulator`). The start keeps ``res``'s bound: optimal when the bound
-    meets it within ``rel_gap``, else feasible with the gap from it."""
+    see, not to hide (:func:`xengine.strategies.registry.overrule_by_simulator`). The start
+    keeps ``res``'s bound: optimal when the bound meets it within ``rel_gap``, else feasible
+    with the gap from it."""
     if not start_sim.within_budget or res.status not in (*SOLUTION_STATUSES, "no_solution"):
         return res
     if res.has_schedule and res.sim is not None:
