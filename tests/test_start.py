@@ -173,3 +173,16 @@ def test_a_heuristic_is_computed_once_per_instance_and_costs():
     assert len(calls) == 3  # new costs, a new budget: computed again
     counted(inst, time_limit_s=0.0)  # kept: the finished result answers a tighter limit
     assert len(calls) == 3
+
+
+def test_xengines_start_stopped_by_the_limit_is_logged(caplog):
+    from xengine.protocol import _own_heuristics
+
+    g = _random_graph(4)
+    _, known = min_feasible_budget_bytes(g)
+    sub = Instance.single(g, DEV, known)
+    with caplog.at_level("WARNING", logger="xengine.protocol"):
+        out = _own_heuristics(sub, 0.0)
+    assert out[0].strategy.startswith("recompute_greedy")
+    assert "XEngine's start may be weaker" in caplog.text
+    assert "no time left" in caplog.text

@@ -279,6 +279,14 @@ def _own_heuristics(sub: Instance, limit_s: float | None) -> list[StrategyResult
             log.warning("warm start: no time left for %s on %s", name, sub.devices[0])
             break
         out.append(load(name)(sub, **kwargs))
+    for res in out:
+        if res.message.startswith("stopped by its time limit"):
+            log.warning(
+                "warm start: %s on %s alone (its own budget), XEngine's start may be weaker: %s",
+                res.strategy,
+                sub.devices[0],
+                res.message,
+            )
     return out
 
 
