@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 
 from tests.helpers import Recorder, tiny_run
@@ -117,3 +118,25 @@ def test_every_executed_row_is_timed_beside_a_plain_step(tmp_path):
     assert row.predicted_over_plain == row.predicted_time_s / row.context_plain_time_s
     assert f" {row.predicted_over_plain:.3f} " in line
     assert rec.metrics_["checkpoint_all/predicted_over_plain"] == row.predicted_over_plain
+
+
+def test_without_rounds_the_prediction_is_in_keep_everything_predictions(tmp_path):
+    """With no rounds in context (``context_rounds=0``) a row's ``pred / plain`` is its
+    prediction over keep-everything's on the same costs (keep-everything measures as one plain
+    step), so prediction and measurement are compared from one run; keep-everything's own is
+    1 and a recomputing schedule's is above it."""
+    cfg = dataclasses.replace(
+        _cfg(tmp_path, mem="90%"),
+        context_rounds=0,
+        n_steps=1,
+        warmup=0,
+        strategies=("checkpoint_all", "chen_sqrtn"),
+    )
+    rows = {r.label: r for r in run_pipeline(cfg, Recorder(), prepare(cfg))}
+    keep, chen = rows["checkpoint_all"], rows["chen_sqrtn"]
+    assert chen.context_plain_time_s is None and chen.keep_all_time_s == keep.keep_all_time_s
+    assert keep.predicted_over_plain == pytest.approx(1.0, rel=1e-12)
+    assert chen.predicted_over_plain == chen.predicted_time_s / keep.predicted_time_s > 1.0
+    line = next(x for x in format_table(list(rows.values())).splitlines() if x.startswith("chen"))
+    assert "pred / plain" in format_table(list(rows.values())).splitlines()[0]
+    assert f" {chen.predicted_over_plain:.3f} " in line

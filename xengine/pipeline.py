@@ -46,7 +46,8 @@ from xengine.records.record import (
 )
 from xengine.refine import solve_in_context
 from xengine.result import MIB, RunRow, StrategyResult, row_of
-from xengine.schedule import Schedule
+from xengine.schedule import Schedule, keep_all_schedule
+from xengine.simulate import simulate
 from xengine.strategies.registry import STRATEGIES
 from xengine.units import format_bytes
 
@@ -104,6 +105,9 @@ def run_pipeline(
                 row.context_cost_s = {
                     d: {v.name: v.cost_s[d] for v in costed.graph.nodes} for d in costed.devices
                 }
+            elif res.sim is not None and len(costed.devices) == 1:
+                keep_all = simulate(costed, keep_all_schedule(costed), check_budget=False)
+                row.keep_all_time_s = keep_all.time_s
             if cfg.executes and prep.captured is not None:
                 _execute_into(row, res, costed, cfg, prep, references, executed, plains)
             rows.append(row)

@@ -239,6 +239,8 @@ class RunRow:
     context_rounds: int | None = None
     context_stable: bool | None = None
     context_plain_time_s: float | None = None  # a plain step beside the last timing in context
+    # keep-everything's prediction on the costs this row's prediction used (one device)
+    keep_all_time_s: float | None = None
     # device -> node -> seconds: the costs the prediction used where they are not graph.json's
     context_cost_s: dict[str, dict[str, float]] | None = field(default=None, repr=False)
     measured_time_s: float | None = None
@@ -265,13 +267,19 @@ class RunRow:
 
     @property
     def predicted_over_plain(self) -> float | None:
-        """The prediction in plain steps: over the plain step timed beside the last timing in
-        context, whose costs the prediction used (:mod:`xengine.refine`); set against
-        ``measured_over_plain``, neither depends on the machine's speed that minute. None
-        without rounds in context."""
-        if self.predicted_time_s is None or not self.context_plain_time_s:
+        """The prediction in plain steps, set against ``measured_over_plain``: neither depends
+        on the machine's speed that minute. With rounds in context, over the plain step timed
+        beside the last timing in context, whose costs the prediction used
+        (:mod:`xengine.refine`); without, over keep-everything's prediction on the same costs
+        (a plain step's op costs: keep-everything measures as one plain step, 1.00-1.04x).
+        None when neither is known (a policy PyTorch runs itself, several devices)."""
+        if self.predicted_time_s is None:
             return None
-        return self.predicted_time_s / self.context_plain_time_s
+        if self.context_plain_time_s:
+            return self.predicted_time_s / self.context_plain_time_s
+        if self.keep_all_time_s:
+            return self.predicted_time_s / self.keep_all_time_s
+        return None
 
     def metrics(self) -> dict[str, float]:
         """MLflow metrics under ``<label>/``, units in the names."""
