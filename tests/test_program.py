@@ -78,18 +78,28 @@ def test_recomputation_refills_the_first_state_and_links_into_its_consumers_pass
     # ... and a backward node on a refilled state runs in a pass with others
     states_in_groups = {plan.state_of[j] for grp in plan.groups.values() for j in grp.computes}
     assert states_in_groups & set(plan.refill.values())
-    assert 1 < len(plan.groups) < cap.n_forward
+    assert 1 <= len(plan.groups) < cap.n_forward
+    # ... the recomputations between its backward nodes inside the pass, as
+    # torch.utils.checkpoint recomputes, instead of ending it
+    assert any(grp.refills for grp in plan.groups.values())
+    assert sum(len(g.computes) for g in plan.groups.values()) > len(plan.groups)
     for grp in plan.groups.values():
-        # a pass spans backward computes and frees only, on one device ...
-        for op in ops[grp.first : grp.last + 1]:
-            assert op.kind in ("free", "free_state") or ops.index(op) in grp.computes
+        # a pass spans backward computes, refills and frees only, on one device ...
+        for k in range(grp.first, grp.last + 1):
+            op = ops[k]
+            assert op.kind in ("free", "free_state") or k in grp.computes or k in grp.refills
             assert op.device == grp.device or op.kind != "compute"
+        assert all(k in plan.refill and grp.first < k < grp.computes[-1] for k in grp.refills)
         # ... whose forward instances were made in reverse order (autograd's order)
         states = [plan.state_of[j] for j in grp.computes]
         assert states == sorted(states, reverse=True)
     # interpreted: nothing retired, each recomputation makes a state of its own
     _, flat = plan_of(cap, inst, sched, fuse=False)
     assert not flat.refill and not flat.retire
+    # in_pass=False: a recomputation ends a pass (the executor before issue 58)
+    _, cut = plan_of(cap, inst, sched, in_pass=False)
+    assert cut.refill and not any(g.refills for g in cut.groups.values())
+    assert len(cut.groups) > len(plan.groups)
 
 
 def _kept_and_checkpointed(cap, inst) -> dict[str, Schedule]:

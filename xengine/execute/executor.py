@@ -447,7 +447,8 @@ class _Runtime:
         if state is None:
             raise RuntimeError(f"executor: refill of node {v} on {d}, which has no retired state")
         if state.extras:
-            y, fresh = self._forward(v, d, False)
+            with torch.enable_grad():  # inside a backward pass autograd turned it off
+                y, fresh = self._forward(v, d, False)
             assert fresh is not None
             _graft(state, fresh, self.ops[v].name)
             y = y.detach()
@@ -821,8 +822,12 @@ class _Runtime:
         freed after the pass."""
         d = grp.device
         self._set_threads(d)
-        held = self.state[d]
-        states = [held[c.fwd] or self._state_for(c.node, d)[1] for c in grp.computes]
+        held, retained = self.state[d], self.retained[d]
+        # a state refilled inside the pass is retired when it starts: its grad_fn is there
+        states = [
+            held[c.fwd] or retained.get(c.fwd) or self._state_for(c.node, d)[1]
+            for c in grp.computes
+        ]
         # only the root reads registers (the others' gradients all flow inside the pass:
         # checked once, by _group_program)
         head = grp.computes[0]
@@ -848,7 +853,15 @@ class _Runtime:
         _do(self, grp.start)
         watch = _Watch(self, grp, states)
         hooks = [root.node.register_prehook(hand_over)]
-        hooks += [states[k].out_edge.node.register_hook(watch.after(k)) for k in grp.hooked]
+        # what the schedule does after member k-1 (frees) and before member k (refills, frees)
+        # runs when autograd reaches member k: by then it has run every node of k-1 (made
+        # later, so run first), also where k-1 is several autograd nodes (a module) and a hook
+        # on its first node would run in the middle of its backward
+        hooks += [
+            states[k].out_edge.node.register_prehook(watch.between(k))
+            for k in range(1, len(grp.computes))
+            if grp.computes[k - 1].after or grp.computes[k].before
+        ]
         if self.clock is not None:
             self.clock(grp.computes[0].node)
             hooks += [
@@ -874,7 +887,7 @@ class _Runtime:
         watch.finish()
 
 
-Action = tuple[str, int, str]  # (free | free_state | retire_state, node, device)
+Action = tuple[str, int, str]  # (free | free_state | retire_state | refill, node, device)
 
 _FREE, _KEEPS_STATE, _NO_STATE = "free", "keeps state", "no state"
 
@@ -987,7 +1000,8 @@ class ComputeInGroup:
     fwd: int  # v
     internal: frozenset[int]  # consumers w whose gradient to v flows inside autograd
     materialize: tuple[int, ...]  # inputs u of v whose gradient becomes a register
-    after: tuple[Action, ...]  # frees done by a hook once autograd has run it
+    after: tuple[Action, ...]  # frees done once autograd has run it (the next one's pre-hook)
+    before: tuple[Action, ...] = ()  # refills and frees done by a pre-hook before it runs
 
 
 @dataclass(frozen=True)
@@ -998,18 +1012,16 @@ class GroupProgram:
     ``start``: before the pass, because autograd itself then holds what they free for as long
     as the schedule does (a value a native state saved: autograd releases it when that state's
     backward has run; the register a root gradient is); ``unpacked``: values read through
-    lookups, freed at their last unpack; ``after`` (per compute): by a hook when autograd has
-    run the compute; ``end``: after the pass (the group's own gradient registers and states)."""
+    lookups, freed at their last unpack; ``after`` (per compute): once autograd has run the
+    compute, in the next compute's pre-hook (a hook on the compute's own first node would run
+    before the rest of a module's backward), the last one's after the pass; ``end``: after the
+    pass (the group's own gradient registers and states)."""
 
     device: str
     computes: tuple[ComputeInGroup, ...]
     start: tuple[Action, ...]
     unpacked: frozenset[int]
     end: tuple[Action, ...]
-
-    @property
-    def hooked(self) -> tuple[int, ...]:
-        return tuple(k for k, c in enumerate(self.computes) if c.after)
 
 
 class _Watch:
@@ -1037,11 +1049,16 @@ class _Watch:
         if h.owner in self.drop_extras:
             h.tensor = None
 
-    def after(self, k: int):
-        def hook(grad_inputs, grad_outputs) -> None:
-            self.run_after(k)
+    def between(self, k: int):
+        """The pre-hook of member ``k``: member ``k-1``'s frees, then ``k``'s refills."""
+        before = self.grp.computes[k].before
 
-        return hook
+        def prehook(grad_outputs) -> None:
+            self.run_after(k - 1)
+            if before:
+                _do(self.rt, before)
+
+        return prehook
 
     def run_after(self, k: int) -> None:
         if not self.done[k]:
@@ -1089,8 +1106,12 @@ def _do(rt: _Runtime, actions: Sequence[Action]) -> None:
                 rt.free(node, dev)
         elif kind == "free_state":
             rt.free_state(node, dev)
-        else:
+        elif kind == "retire_state":
             rt.retire_state(node, dev)
+        else:
+            if rt.clock is not None:
+                rt.clock(node)
+            rt.refill(node, dev)
 
 
 def _action_kind(plan: Plan, i: int, op: Op) -> str:
@@ -1290,7 +1311,9 @@ def _label(op: Op, devices: Sequence[str]) -> str:
     return f"{LABEL_PREFIX}{op.kind}|{devices[op.device]}|{op.node}"
 
 
-def compile_program(rt: _Runtime, ops: Sequence[Op], fuse: bool = True) -> list[tuple[Any, str]]:
+def compile_program(
+    rt: _Runtime, ops: Sequence[Op], fuse: bool = True, in_pass: bool = True
+) -> list[tuple[Any, str]]:
     """The schedule as the flat program one step replays: one closure per instruction, with
     its arguments resolved, and one per fused backward group (``program.compile_plan``), each
     with the profiler label that attributes its allocations to its device."""
@@ -1303,6 +1326,7 @@ def compile_program(rt: _Runtime, ops: Sequence[Op], fuse: bool = True) -> list[
         train=rt.train,
         fuse=fuse,
         mutates_buffers=[s.mutates_buffers for s in rt.ops],
+        in_pass=in_pass,
     )
     connect: dict[int, set[int]] = {}
     for i, u in plan.connect:
@@ -1393,37 +1417,49 @@ def _group_program(rt: _Runtime, ops: Sequence[Op], plan: Plan, grp: Group) -> G
     if fwd_of[first] == nf - 1:
         root_regs.add(nf)
     state_user = {ops[plan.state_of[j]].node: j for j in grp.computes}  # own state -> its reader
+    refills = frozenset(grp.refills)
+    # a value a refill reads keeps its register until the schedule frees it (never at start)
+    refill_reads = {u for i in refills for u in rt.ops[ops[i].node].inputs}
     after: dict[int, list[Action]] = {j: [] for j in grp.computes}
+    before: dict[int, list[Action]] = {j: [] for j in grp.computes}
     start: list[Action] = []
     end: list[Action] = []
     unpacked: set[int] = set()
+    # a refill and the frees after it run in the next compute's pre-hook, in schedule order:
+    # by then autograd has run every node of the compute before (they were made later)
+    gap: list[Action] = []
     j = grp.first
     for i in range(grp.first, grp.last + 1):
         op = ops[i]
         if op.kind == "compute":
-            j = i
+            if i in refills:
+                gap.append(("refill", op.node, d))
+            else:
+                j, before[i], gap = i, gap, []
             continue
         act = (_action_kind(plan, i, op), op.node, devices[op.device])
         u, kind = op.node, g.nodes[op.node].kind
         # autograd lets go of what a compute read when it has run: only a free placed right
         # after that compute may be left to autograd; one the schedule places later (a value
-        # kept longer than its last reader) waits for its own hook, or the measured memory
-        # would drop before the simulator's
-        prompt = last_reader.get(u) == j
+        # kept longer than its last reader, or freed after a recomputation) waits for its own
+        # hook, or the measured memory would drop before the simulator's
+        prompt = last_reader.get(u) == j and not gap
         if act[2] != d:
-            after[j].append(act)
+            (gap or after[j]).append(act)
         elif op.kind == "free_state":
-            (end if u in own_f and state_user.get(u) == j else after[j]).append(act)
+            (end if u in own_f and state_user.get(u) == j else gap or after[j]).append(act)
         elif u in own_b:
             end.append(act)
         elif kind == "fwd" and u in looked_up and prompt:
             unpacked.add(u)
-        elif kind == "fwd" and u in natively_held and prompt:
+        elif kind == "fwd" and u in natively_held and prompt and u not in refill_reads:
             start.append(act)
-        elif u in root_regs and len(root_regs) == 1 and j == grp.computes[0]:
+        elif u in root_regs and len(root_regs) == 1 and j == grp.computes[0] and not gap:
             start.append(act)  # the root gradient itself: autograd holds it until it is used
         else:
-            after[j].append(act)
+            (gap or after[j]).append(act)
+    if gap:
+        raise RuntimeError("executor: a group ends with a recomputation")
     computes = []
     for j in grp.computes:
         b = ops[j].node
@@ -1433,7 +1469,9 @@ def _group_program(rt: _Runtime, ops: Sequence[Op], plan: Plan, grp: Group) -> G
         reads_register = v == nf - 1 or any(w not in internal for w in rt.grad_consumers[v])
         if computes and reads_register:  # program.py starts a group at such a compute
             raise RuntimeError(f"executor: {rt.ops[v].name} is fused but reads a register")
-        computes.append(ComputeInGroup(b, v, internal, materialize, tuple(after[j])))
+        computes.append(
+            ComputeInGroup(b, v, internal, materialize, tuple(after[j]), tuple(before[j]))
+        )
     return GroupProgram(d, tuple(computes), tuple(start), frozenset(unpacked), tuple(end))
 
 
@@ -1447,7 +1485,13 @@ class CompiledSchedule:
     context manager, or call :meth:`close`, to get the thread count back."""
 
     def __init__(
-        self, captured: CapturedModel, inst: Instance, sched: Schedule, *, fuse: bool = True
+        self,
+        captured: CapturedModel,
+        inst: Instance,
+        sched: Schedule,
+        *,
+        fuse: bool = True,
+        in_pass: bool = True,
     ) -> None:
         _check_inputs(captured, inst, sched)
         sim_inst, self.has_costs = _costed(inst)
@@ -1471,7 +1515,7 @@ class CompiledSchedule:
             if r is not captured.gm
         ]
         self._threads0 = torch.get_num_threads()
-        self.program = compile_program(rt, self.sim.ops, fuse=fuse)
+        self.program = compile_program(rt, self.sim.ops, fuse=fuse, in_pass=in_pass)
         self.fast = fast_program(rt, self.program)
 
     def __enter__(self) -> CompiledSchedule:

@@ -62,12 +62,15 @@ class Group:
     """Backward computes run as one autograd pass on one device.
 
     ``first``/``last``: the op indices it spans (frees between its computes included);
-    ``computes``: the op indices of its backward computes, in schedule order."""
+    ``computes``: the op indices of its backward computes, in schedule order; ``refills``:
+    the forward recomputations between them (:attr:`Plan.refill`), which run inside the pass,
+    in a pre-hook of the compute that follows them (:func:`_refills_in_pass`)."""
 
     device: int
     first: int
     last: int
     computes: tuple[int, ...]
+    refills: tuple[int, ...] = ()
 
 
 @dataclass
@@ -108,12 +111,15 @@ def compile_plan(
     train: bool = True,
     fuse: bool = True,
     mutates_buffers: Sequence[bool] = (),
+    in_pass: bool = True,
 ) -> Plan:
     """The plan for ``ops`` (``simulate(...).ops``) on ``graph``.
 
     ``grad_inputs[v]``: forward node ``v``'s inputs that receive a gradient from ``B_v``;
     ``requires_grad[v]``: whether ``v``'s output needs one (else ``B_v`` does nothing);
     ``fuse=False``: no groups (every backward node its own autograd call, as interpreted);
+    ``in_pass=False``: a recomputation ends a group (it runs between two passes) instead of
+    running inside it (:func:`_refills_in_pass`);
     ``mutates_buffers[v]``: ``v`` updates module buffers (batch norm), which a recomputation
     restores in place: autograd would see them changed under what it saved.
 
@@ -123,7 +129,9 @@ def compile_plan(
     (:func:`_native_forwards`)."""
     facts = _graph_facts(graph, grad_inputs)
     walk = _walk_ops(ops, facts, grad_inputs, revive=fuse and train)
-    groups, internal = _find_groups(ops, facts, walk, grad_inputs, requires_grad, train, fuse)
+    groups, internal = _find_groups(
+        ops, facts, walk, grad_inputs, requires_grad, train, fuse, in_pass
+    )
     connect = {(walk.state_of[k], u) for k, u in internal}
     native = _native_forwards(ops, groups, walk, mutates_buffers)
     return Plan(
@@ -289,6 +297,7 @@ def _find_groups(
     requires_grad: Sequence[bool],
     train: bool,
     fuse: bool,
+    in_pass: bool = True,
 ) -> tuple[dict[int, Group], set[tuple[int, int]]]:
     """The groups, by their first op index, and the internal edges of all of them.
 
@@ -311,13 +320,20 @@ def _find_groups(
     cur: list[int] = []
     cur_first = -1
     cur_internal: set[tuple[int, int]] = set()
+    cur_refills: list[int] = []
+    pending: list[int] = []  # refills since the last member: they join with the next one
+    before_pending = -1  # where the group ends if no member follows them
 
     def close(last: int) -> None:
-        nonlocal cur, cur_first, cur_internal
+        nonlocal cur, cur_first, cur_internal, cur_refills, pending
+        if pending:
+            last = before_pending
         if cur:
-            groups[cur_first] = Group(ops[cur[0]].device, cur_first, last, tuple(cur))
+            groups[cur_first] = Group(
+                ops[cur[0]].device, cur_first, last, tuple(cur), tuple(cur_refills)
+            )
             internal.update(cur_internal)
-        cur, cur_first, cur_internal = [], -1, set()
+        cur, cur_first, cur_internal, cur_refills, pending = [], -1, set(), [], []
 
     def hands_out(k: int) -> bool:
         """Member ``k``'s register holds a gradient when the pass ends."""
@@ -331,6 +347,12 @@ def _find_groups(
                 own = [k for k in cur if ops[k].node == op.node and ops[k].device == op.device]
                 if op.kind == "free" and any(hands_out(k) for k in own):
                     close(i)
+            continue
+        if in_pass and cur and _refills_in_pass(ops, i, facts, walk, cur, cur_refills + pending):
+            if not pending:
+                before_pending = last_op
+            pending.append(i)
+            last_op = i
             continue
         if not _fusable(ops, i, facts, walk, requires_grad, train, fuse):
             close(last_op)
@@ -359,9 +381,36 @@ def _find_groups(
             mine = set()
         cur.append(i)
         cur_internal |= mine
+        cur_refills += pending
+        pending = []
         last_op = i
     close(last_op)
     return groups, internal
+
+
+def _refills_in_pass(
+    ops: Sequence[Op],
+    i: int,
+    facts: _GraphFacts,
+    walk: _OpWalk,
+    members: Sequence[int],
+    refills: Sequence[int],
+) -> bool:
+    """Can op ``i`` run inside the pass of the group ``members``, before its next backward
+    compute, as ``torch.utils.checkpoint`` recomputes? A forward recomputation that refills a
+    retired state (:func:`_walk_ops`), on the group's device, reading no transient copy: it
+    adds no node to the pass, only saved tensors and a value. Not when a member so far saved
+    that value (the group frees a looked-up value at its last unpack, counted over the whole
+    pass, which must then all read one register), nor a second computation of a node already
+    refilled in this pass."""
+    v = ops[i].node
+    return (
+        i in walk.refill
+        and ops[i].device == ops[members[0]].device
+        and i not in walk.uses_copy
+        and not any(v in facts.saved_values[ops[m].node] for m in members)
+        and all(ops[r].node != v for r in refills)
+    )
 
 
 def _fusable(
