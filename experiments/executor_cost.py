@@ -30,6 +30,7 @@ every run, so a stopped sweep keeps what it measured.
 from __future__ import annotations
 
 import argparse
+import csv
 import logging
 import statistics
 import sys
@@ -133,35 +134,66 @@ def _r(x: float | None) -> float | None:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    """Left: measured against predicted, in plain steps, per strategy (the 3 % band drawn);
-    right: PyTorch's own time over our executor's on PyTorch's plans, per net and budget."""
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 5))
+    """Left: each executed schedule's error (measured over predicted, both in plain steps)
+    against its predicted step, per strategy and net (the 3 % band drawn); right: PyTorch's own
+    time over our executor's on PyTorch's plans, per net and budget."""
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5))
     ours = [r for r in rows if r["err_pct"] is not None and r["strategy"] not in POLICIES]
-    for s in dict.fromkeys(r["strategy"] for r in ours):
-        pts = [r for r in ours if r["strategy"] == s]
+    markers = dict(zip(dict.fromkeys(r["net"] for r in rows), "osD^v<>", strict=False))
+    colors = dict(
+        zip(dict.fromkeys(r["strategy"] for r in ours), plt.cm.tab10.colors, strict=False)
+    )
+    for r in ours:
         ax.scatter(
-            [r["pred_over_keepall"] for r in pts], [r["meas_over_plain"] for r in pts], label=s
+            r["pred_over_keepall"],
+            r["err_pct"],
+            marker=markers[r["net"]],
+            color=colors[r["strategy"]],
         )
-    if ours:
-        hi = max(max(r["pred_over_keepall"], r["meas_over_plain"]) for r in ours) * 1.05
-        xs = [1.0, hi]
-        ax.plot(xs, xs, "k-", lw=0.8)
-        ax.fill_between(xs, [x * 0.97 for x in xs], [x * 1.03 for x in xs], color="0.85")
-    ax.set_xlabel("predicted on a plain step's op costs (over keep-everything's prediction)")
-    ax.set_ylabel("measured (over a plain step beside it)")
-    ax.set_title("A schedule's cost on the machine (band: 3 %)")
-    ax.legend(fontsize=8)
+    ax.axhspan(-3, 3, color="0.88", zorder=0)
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("predicted step on a plain step's op costs (over keep-everything's prediction)")
+    ax.set_ylabel("measured over predicted - 1 (%)")
+    ax.set_title("What the executor adds to a schedule (band: 3 %)")
+    handles = [plt.Line2D([], [], ls="", marker="o", color=c, label=s) for s, c in colors.items()]
+    handles += [
+        plt.Line2D([], [], ls="", marker=m, color="0.4", label=n) for n, m in markers.items()
+    ]
+    ax.legend(handles=handles, fontsize=7)
     pol = [r for r in rows if r["pytorch_over_ours"] is not None]
-    labels = [f"{r['net']} {r['budget_pct']}% {r['strategy'].replace('torch_', '')}" for r in pol]
+    labels = [
+        f"{r['net']} {int(r['budget_pct'])}% {r['strategy'].replace('torch_', '')}" for r in pol
+    ]
     bx.barh(range(len(pol)), [r["pytorch_over_ours"] for r in pol], color="tab:orange")
     bx.axvline(1.0, color="k", lw=0.8)
     bx.set_yticks(range(len(pol)), labels, fontsize=7)
     bx.set_xlabel("PyTorch's own step time over our executor's, same plan")
     med = statistics.median(r["pytorch_over_ours"] for r in pol) if pol else float("nan")
     bx.set_title(f"PyTorch's plans (median {med:.3f}; below 1: ours slower)")
-    fig.suptitle(f"executor cost, commit {commit()}, no rounds in context")
+    made = ", ".join(sorted({str(r["commit"]) for r in rows}))
+    fig.suptitle(f"executor cost, commit {made}, no rounds in context")
     save_figure(fig, path)
     plt.close(fig)
+
+
+def _read(path: Path) -> list[dict]:
+    """The CSV's rows with numbers as numbers (empty cells None)."""
+    out = []
+    for row in csv.DictReader(path.open()):
+        out.append(
+            {k: v if k in ("net", "strategy", "commit") else _num(v) for k, v in row.items()}
+        )
+    return out
+
+
+def _num(text: str):
+    if text == "":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def main() -> None:
@@ -172,15 +204,19 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=15, help="timed steps per row (median)")
     ap.add_argument("--time-limit-s", type=float, default=10.0, help="Checkmate's solve")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--plot-only", action="store_true", help="re-draw the PNG from the CSV")
     args = ap.parse_args()
     args.strategies = args.strategies.split(",")
     args.profiles = tempfile.mkdtemp(prefix="executor_cost_profiles_")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     for name in ("xengine", "baselines"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    csv_path = args.out / "executor_cost.csv"
+    if args.plot_only:
+        plot(_read(csv_path), args.out / "executor_cost.png")
+        return
     steady_malloc()
     rows: list[dict] = []
-    csv_path = args.out / "executor_cost.csv"
     for spec in args.nets.split(","):
         net, batch, size = spec.split(":")
         for pct in (int(b) for b in args.budgets.split(",")):
