@@ -4,8 +4,8 @@ The profile times every node inside keep-everything steps: forward ops whose sav
 autograd keeps itself and one fused backward pass. A schedule that recomputes pays more per
 node: its forward ops run with the executor's saved-tensor hooks and taps, its backward may
 run as several autograd passes (where a recomputation cannot run inside the pass,
-docs/design.md section 8), each with its own start, and the allocator sees other patterns. On many small ops this is up to 2x
-the keep-everything cost (issue 28: shufflenet_v2_x0_5, 96 px).
+docs/design.md section 8), each with its own start, and the allocator sees other patterns. On
+many small ops this is up to 2x the keep-everything cost (issue 28: shufflenet_v2_x0_5, 96 px).
 
 :func:`time_in_context` runs a schedule with the compiled executor and times each of its
 instructions as a step pays for it, the way :func:`xengine.profile.profiler._time_step` times
