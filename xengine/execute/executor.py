@@ -202,6 +202,63 @@ def _unpack(h: _Saved) -> torch.Tensor:
     return h.get()
 
 
+# a saved tensor of an op's autograd graph: the path to its node from the output's grad_fn
+# (indices into ``next_functions``), the attribute, and the index in a saved list (or -1)
+Slot = tuple[tuple[int, ...], str, int]
+
+
+def _saved_slots(root: Any, stop: list[Any], fixed: set[int]) -> list[Slot] | None:
+    """The saved tensors of the autograd nodes an op made (those reachable from its output's
+    ``grad_fn`` before ``stop``, its inputs' nodes) that are not parameters or buffers
+    (``fixed``): where a later run of the op may hook them one by one (:func:`_hook_slots`)
+    instead of running under default saved-tensor hooks, which call Python for every saved
+    tensor, parameters included (2-3 us each: most of what a looked-up forward paid over a
+    plain one). ``None`` where a node keeps what this cannot see (a saved list)."""
+    slots: list[Slot] = []
+    todo: list[tuple[Any, tuple[int, ...]]] = [(root, ())]
+    # the nodes themselves stay referenced here while ids are compared
+    kept = {id(n): n for n in stop}
+    stopped = set(kept)
+    while todo:
+        node, path = todo.pop()
+        if node is None or id(node) in stopped:
+            continue
+        kept[id(node)] = node
+        stopped.add(id(node))
+        for name in _saved_names(node):
+            value = getattr(node, "_saved_" + name)
+            if isinstance(value, (list, tuple)):
+                return None
+            if isinstance(value, torch.Tensor) and storage_ptr(value) not in fixed | {0}:
+                slots.append((path, "_raw_saved_" + name, -1))
+        for k, (nxt, _) in enumerate(node.next_functions):
+            todo.append((nxt, (*path, k)))
+    return slots
+
+
+_SAVED_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _saved_names(node: Any) -> tuple[str, ...]:
+    """The names of a node type's saved tensors (``_raw_saved_<name>``), read once per type."""
+    names = _SAVED_NAMES.get(type(node))
+    if names is None:
+        prefix = "_raw_saved_"
+        names = tuple(a[len(prefix) :] for a in dir(node) if a.startswith(prefix))
+        _SAVED_NAMES[type(node)] = names
+    return names
+
+
+def _hook_slots(root: Any, slots: list[Slot], pack: Callable[[torch.Tensor], _Saved]) -> None:
+    """Hook the saved tensors at ``slots`` (:func:`_saved_slots`) after the op has run: each
+    is packed at once, and autograd lets go of the tensor (``SavedTensor.register_hooks``)."""
+    for path, attr, _ in slots:
+        node = root
+        for k in path:
+            node = node.next_functions[k][0]
+        getattr(node, attr).register_hooks(pack, _unpack)
+
+
 class _Tap(torch.autograd.Function):
     """Where a forward op reads an input whose gradient becomes a register: a fresh tensor on
     the input's storage (emptied after the op, so it keeps nothing alive) whose backward puts
@@ -315,6 +372,10 @@ class _Runtime:
         self.grad_consumers_desc = {v: sorted(ws, reverse=True) for v, ws in consumers.items()}
         self.grad_sets = [frozenset(s.grad_inputs) for s in self.ops]
         self._single_runs: dict[tuple[int, str], NativeRun] = {}  # compute_native's runs
+        # forward ops whose saved tensors are hooked one by one after they run (_learn_slots)
+        self.saved_slots: dict[int, list[Slot]] = {}
+        self.slot_counts: dict[int, int] = {}  # lookups of a hooked run, to check the slots
+        self.slots_noted: set[int] = set()
         # what makes every tap part of the graph (one per device; it never gets a gradient)
         self.anchors = {
             d: torch.zeros((), device=s.torch_device, requires_grad=True)
@@ -641,9 +702,11 @@ class _Runtime:
         grad_mode = nullcontext() if torch.is_grad_enabled() else torch.enable_grad()
         in_ptrs = [t.untyped_storage().data_ptr() for t in ins]
         fixed = self.fixed_ptrs[d]
+        slots = None if native else self.saved_slots.get(v)
+        probe = not native and slots is None and v in self.slot_counts
         try:
             with grad_mode:
-                if native:
+                if native or slots is not None or probe:
                     y = run(leaves, self.x[d])
                 else:
                     # what torch.autograd.graph.saved_tensors_hooks does, without its Python
@@ -659,6 +722,15 @@ class _Runtime:
         finally:
             if kept is not None:
                 kept.restore()
+        if probe:
+            stop = [t.grad_fn for t in leaves if t.grad_fn is not None]
+            slots = _saved_slots(y.grad_fn, stop, fixed)
+            if slots is None or len(slots) != self.slot_counts.pop(v):
+                self.slots_noted.add(v)  # the hooks saw tensors the slots do not show
+                return self._forward(v, d, first, connect, native)
+            self.saved_slots[v] = slots
+        if slots is not None:
+            _hook_slots(y.grad_fn, slots, _pack_into(handles))
         # saved tensors that alias an input or the output become lookups
         state = _State(GradientEdge(y.grad_fn, y.output_nr) if y.requires_grad else None)
         for h in handles:
@@ -686,6 +758,8 @@ class _Runtime:
             if u in boxes:
                 state.edges[u] = GradientEdge(leaf.grad_fn, 0)
         state.boxes = boxes
+        if not native and slots is None and v not in self.slots_noted:
+            self._note_hooked(v, spec, state)
         if empty:
             with torch.no_grad():
                 for leaf in empty:
@@ -693,6 +767,16 @@ class _Runtime:
         # the register keeps ``y`` with its grad_fn: a fused consumer links to it; what
         # grad_fn holds beyond links is in ``state`` (lookups and extras)
         return y, state
+
+    def _note_hooked(self, v: int, spec: Any, state: _State) -> None:
+        """After ``v``'s first hooked forward: whether its next may hook its saved tensors one
+        by one instead (:func:`_saved_slots`). Only for an op that saves nothing of its own
+        (every saved tensor a parameter, an input or its output: a recomputation of it is its
+        value alone, :meth:`refill`) and has no random state or buffers to put back; the next
+        run checks that the slots it finds are as many as the lookups the hooks made here."""
+        self.slots_noted.add(v)
+        if not (state.extras or spec.stochastic or spec.mutates_buffers):
+            self.slot_counts[v] = len(state.lookups)
 
     def _loss(self, d: str, first: bool) -> torch.Tensor:
         """The loss and its gradient with respect to the logits (the loss node's value).
