@@ -153,6 +153,32 @@ def test_refilled_states_give_the_interpreted_steps_loss_and_gradients():
         assert torch.equal(a.param_grads[n], g), n
 
 
+def test_a_looked_up_forward_hooks_its_saved_tensors_after_it_runs():
+    """A forward whose saved input is freed and made again before its backward reads it is
+    hooked (its saved tensors become lookups). Its first run in a step takes default
+    saved-tensor hooks; later runs hook the same tensors one by one after the op ran
+    (``SavedTensor.register_hooks``), which calls Python for them alone, not for every saved
+    parameter. Same loss and gradients bit for bit, same allocator peak (to 64 bytes) as the
+    first, hooked step; an op with buffers to put back (batch norm) stays hooked."""
+    cap = resnet18_small()
+    inst = single(cap)
+    sched = _kept_and_checkpointed(cap, inst)["checkpoints"]
+    with CompiledSchedule(cap, inst, sched) as exe:
+        torch.manual_seed(0)
+        first = _flat_peak_and_grads(exe, labelled=False)
+        rt = exe.rt
+        assert not rt.saved_slots and rt.slot_counts  # learned, not used yet
+        counts = dict(rt.slot_counts)
+        later = [_flat_peak_and_grads(exe, labelled=False) for _ in range(2)]
+        assert rt.saved_slots and set(rt.saved_slots) == set(counts)
+        assert all(len(rt.saved_slots[v]) == n for v, n in counts.items())
+        assert not any(cap.ops[v].mutates_buffers for v in rt.saved_slots)
+        assert any(cap.ops[v].mutates_buffers for v in rt.slots_noted - set(counts))
+    for peak, loss, grads in later:
+        assert abs(peak - first[0]) <= 64 and loss == first[1]  # as in the test above
+        assert all(torch.equal(a, b) for a, b in zip(grads, first[2], strict=True))
+
+
 def _flat_peak_and_grads(exe: CompiledSchedule, labelled: bool):
     with torch.profiler.profile(
         activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True

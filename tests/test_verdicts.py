@@ -98,7 +98,7 @@ def test_every_executed_row_is_timed_beside_a_plain_step(tmp_path):
     machine's drift between rows does not move; the plain row itself has none."""
     import statistics
 
-    cfg = dataclasses.replace(_cfg(tmp_path), n_steps=3, warmup=1)
+    cfg = dataclasses.replace(_cfg(tmp_path), n_steps=3, warmup=1, context_rounds=2)
     rec = Recorder()
     rows = run_pipeline(cfg, rec, prepare(cfg))
     ref, row = rows[0], {r.label: r for r in rows}["checkpoint_all"]

@@ -81,8 +81,9 @@ class RunConfig:
     profile_warmup: int = 2
     profile_cache_dir: str = "results/cache/profiles"
     # profile-guided rounds: a schedule that fits is timed in its own steps and its strategy
-    # run again on those costs (xengine.refine); 0 keeps the keep-everything profile's costs
-    context_rounds: int = 2
+    # run again on those costs (xengine.refine); 0 (default, issue 58) keeps the keep-everything
+    # profile's costs: the solver optimises the ops, not the executor's overheads
+    context_rounds: int = 0
     progress: bool = True
     malloc: str = "steady"  # steady | system (MALLOCS)
     seed: int = 0
