@@ -152,7 +152,7 @@ class _Saved:
     unpack of a value the schedule frees inside the group frees its register, and an extra
     whose state is freed there is dropped once read (:meth:`_Runtime.run_group`)."""
 
-    __slots__ = ("tensor", "rt", "device", "node", "size", "stride", "delta", "owner")
+    __slots__ = ("tensor", "rt", "device", "node", "size", "stride", "delta", "owner", "whole")
 
     def __init__(self, t: torch.Tensor) -> None:
         self.tensor: torch.Tensor | None = t
@@ -165,6 +165,8 @@ class _Saved:
         assert t is not None
         self.size, self.stride = tuple(t.size()), tuple(t.stride())
         self.delta = t.storage_offset() - base.storage_offset()
+        # the register itself (most saved inputs and outputs): read back without a view
+        self.whole = self.delta == 0 and t.size() == base.size() and t.stride() == base.stride()
         self.rt, self.device, self.node = weakref.ref(rt), device, node
         self.tensor = None
 
@@ -183,7 +185,9 @@ class _Saved:
         if rt is None:
             raise RuntimeError("the executor that ran this op is gone")
         base = rt.fwd_tensor(self.device, self.node)
-        out = base.detach().as_strided(self.size, self.stride, base.storage_offset() + self.delta)
+        out = base.detach()
+        if not self.whole:
+            out = out.as_strided(self.size, self.stride, base.storage_offset() + self.delta)
         if rt.watch is not None:
             rt.watch.value_read(self.node)
         return out
