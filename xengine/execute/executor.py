@@ -513,7 +513,7 @@ class _Runtime:
             raise RuntimeError(f"executor: refill of node {v} on {d}, which has no retired state")
         if state.extras:
             with torch.enable_grad():  # inside a backward pass autograd turned it off
-                y, fresh = self._forward(v, d, False)
+                y, fresh = self._forward(v, d, False, refill=True)
             assert fresh is not None
             _graft(state, fresh, self.ops[v].name)
             y = y.detach()
@@ -656,7 +656,12 @@ class _Runtime:
         first: bool,
         connect: frozenset[int] = frozenset(),
         native: bool = False,
+        refill: bool = False,
     ) -> tuple[torch.Tensor, _State | None]:
+        """Run forward node ``v`` and make its autograd state. ``refill``: for the saved
+        tensors of its own alone (:meth:`refill` moves them into the retired state and drops
+        the rest), so an input that gets a gradient is a plain leaf, not a tap (a Python
+        autograd function, 60-70 us a call)."""
         spec = self.ops[v]
         dev = self.specs[d].torch_device
         ins = [self.fwd_tensor(d, u) for u in spec.inputs]
@@ -678,6 +683,8 @@ class _Runtime:
         for t, u in zip(ins, spec.inputs, strict=True):
             if u in connect:
                 leaves.append(t)
+            elif refill:
+                leaves.append(alias_leaf(t, u in grad_set))
             elif u in grad_set:
                 boxes[u] = []
                 leaves.append(_Tap.apply(t.detach(), anchor, boxes[u]))
