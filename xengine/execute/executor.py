@@ -207,8 +207,8 @@ def _unpack(h: _Saved) -> torch.Tensor:
 
 
 # a saved tensor of an op's autograd graph: the path to its node from the output's grad_fn
-# (indices into ``next_functions``), the attribute, and the index in a saved list (or -1)
-Slot = tuple[tuple[int, ...], str, int]
+# (indices into ``next_functions``) and the attribute that holds it
+Slot = tuple[tuple[int, ...], str]
 
 
 def _saved_slots(root: Any, stop: list[Any], fixed: set[int]) -> list[Slot] | None:
@@ -233,8 +233,9 @@ def _saved_slots(root: Any, stop: list[Any], fixed: set[int]) -> list[Slot] | No
             value = getattr(node, "_saved_" + name)
             if isinstance(value, (list, tuple)):
                 return None
-            if isinstance(value, torch.Tensor) and storage_ptr(value) not in fixed | {0}:
-                slots.append((path, "_raw_saved_" + name, -1))
+            if isinstance(value, torch.Tensor) and storage_ptr(value) not in fixed:
+                if storage_ptr(value) != 0:
+                    slots.append((path, "_raw_saved_" + name))
         for k, (nxt, _) in enumerate(node.next_functions):
             todo.append((nxt, (*path, k)))
     return slots
@@ -256,7 +257,7 @@ def _saved_names(node: Any) -> tuple[str, ...]:
 def _hook_slots(root: Any, slots: list[Slot], pack: Callable[[torch.Tensor], _Saved]) -> None:
     """Hook the saved tensors at ``slots`` (:func:`_saved_slots`) after the op has run: each
     is packed at once, and autograd lets go of the tensor (``SavedTensor.register_hooks``)."""
-    for path, attr, _ in slots:
+    for path, attr in slots:
         node = root
         for k in path:
             node = node.next_functions[k][0]
@@ -376,7 +377,7 @@ class _Runtime:
         self.grad_consumers_desc = {v: sorted(ws, reverse=True) for v, ws in consumers.items()}
         self.grad_sets = [frozenset(s.grad_inputs) for s in self.ops]
         self._single_runs: dict[tuple[int, str], NativeRun] = {}  # compute_native's runs
-        # forward ops whose saved tensors are hooked one by one after they run (_learn_slots)
+        # forward ops whose saved tensors are hooked one by one after they run (_note_hooked)
         self.saved_slots: dict[int, list[Slot]] = {}
         self.slot_counts: dict[int, int] = {}  # lookups of a hooked run, to check the slots
         self.slots_noted: set[int] = set()
